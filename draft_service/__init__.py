@@ -1,0 +1,1 @@
+"""The draft side: a small model that proposes k tokens per round."""

@@ -1,0 +1,3 @@
+"""specserve: lossless speculative decoding, served."""
+
+__version__ = "0.1.0"

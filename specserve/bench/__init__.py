@@ -1,0 +1,1 @@
+"""`specserve bench`: side-by-side throughput of target-only, speculative and peer decoding."""

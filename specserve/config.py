@@ -1,0 +1,51 @@
+"""Typed configuration of a generation request and of the in-process engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specserve.core.loop import StopConditions
+from specserve.core.types import SamplingParams
+from specserve.models.loading import ModelConfig
+from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    target: ModelConfig = field(default_factory=lambda: ModelConfig(DEFAULT_TARGET))
+    """The model whose output is reproduced."""
+    draft: ModelConfig | None = field(default_factory=lambda: ModelConfig(DEFAULT_DRAFT, quantization="auto"))
+    """The proposer (int8 on CPU by default: its step is 2.2x cheaper); None for target-only serving."""
+    num_speculative_tokens: int = 4
+    """k: drafts proposed per round when a request does not say. 0 = target-only."""
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+        if self.num_speculative_tokens > 0 and self.draft is None:
+            raise ValueError("num_speculative_tokens > 0 needs a draft model")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    prompt: str | None = None
+    """Raw text, tokenized as the model's tokenizer does by default (no chat template)."""
+    messages: tuple[tuple[str, str], ...] | None = None
+    """(role, content) pairs, rendered with the model's chat template. Exactly one of prompt/messages."""
+    prompt_token_ids: tuple[int, ...] | None = None
+    """Already-tokenized prompt (used by benchmarks and the services)."""
+    max_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    num_speculative_tokens: int | None = None
+    """Overrides the engine's k for this request; 0 = target-only."""
+    ignore_eos: bool = False
+    """Keep generating past end-of-sequence tokens (benchmarks use it to generate exactly max_tokens)."""
+
+    def __post_init__(self) -> None:
+        given = [x is not None for x in (self.prompt, self.messages, self.prompt_token_ids)]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of prompt, messages or prompt_token_ids")
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+        StopConditions(self.max_tokens, stop=self.stop)  # validates max_tokens and stop strings

@@ -1,0 +1,188 @@
+"""The speculative loop: propose k, verify in one target pass, commit, until a stop condition.
+
+It runs over the Drafter/Verifier protocols, so in-process workers and remote clients drive
+the same code. k == 0 is target-only decoding through the same path (the benchmarks' baseline).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from specserve.core.stats import SpeculationStats
+from specserve.core.types import Drafter, Proposal, SamplingParams, Verifier
+
+Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass(frozen=True, slots=True)
+class StopConditions:
+    max_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    stop: tuple[str, ...] = ()  # stop strings: generation ends before the first occurrence
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    token_ids: list[int] = field(default_factory=list)  # generated tokens only (an EOS is kept)
+    text: str = ""  # decoded tokens, cut before a stop string, without the EOS
+    finish_reason: str | None = None  # "length" | "stop" | "eos"
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+
+class SpeculativeDecoder:
+    """One request's loop. `rounds()` yields the token ids each round emits, already stop-trimmed."""
+
+    def __init__(
+        self,
+        drafter: Drafter | None,
+        verifier: Verifier,
+        *,
+        num_prompt_tokens: int,
+        k: int,
+        sampling: SamplingParams,
+        stop: StopConditions,
+        max_context: int,
+        decode: Decode | None = None,
+        stats: SpeculationStats | None = None,
+        started_at: float | None = None,
+    ) -> None:
+        if k < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {k}")
+        if k > 0 and drafter is None:
+            raise ValueError("num_speculative_tokens > 0 needs a draft model")
+        if stop.stop and decode is None:
+            raise ValueError("stop strings need a decode function")
+        self.drafter, self.verifier = drafter, verifier
+        self.k, self.sampling, self.stop = k, sampling, stop
+        self.decode = decode
+        self.context_length = num_prompt_tokens
+        self.max_context = max_context
+        self.result = GenerationResult(stats=stats or SpeculationStats())
+        self.started_at = time.perf_counter() if started_at is None else started_at
+        self._num_text_emitted = 0
+
+    def rounds(self) -> Iterator[list[int]]:
+        result = self.result
+        while result.finish_reason is None:
+            room = min(self.stop.max_tokens - len(result.token_ids), self.max_context - self.context_length)
+            if room <= 0:
+                result.finish_reason = "length"
+                break
+            emitted = self._round(min(self.k, room - 1))
+            result.stats.observe_emitted(len(emitted), time.perf_counter() - self.started_at)
+            if emitted:
+                yield emitted
+        if self.decode is not None and result.finish_reason != "stop":
+            text_ids = result.token_ids[:-1] if result.finish_reason == "eos" else result.token_ids
+            result.text = self.decode(text_ids)
+
+    def text_delta(self) -> str:
+        """Text that became final since the last call: complete characters, never a possible stop-string start."""
+        result = self.result
+        if result.finish_reason is not None and (self.decode is None or result.text or result.finish_reason == "stop"):
+            text = result.text
+        elif self.decode is None:
+            return ""
+        else:
+            ids = result.token_ids[:-1] if result.finish_reason == "eos" else result.token_ids
+            text = self.decode(ids).rstrip("\ufffd")  # a multi-byte character may be half generated
+            if result.finish_reason is None:
+                text = text[: len(text) - _stop_prefix_overlap(text, self.stop.stop)]
+        delta = text[self._num_text_emitted :]
+        self._num_text_emitted = max(self._num_text_emitted, len(text))
+        return delta
+
+    def run(self) -> GenerationResult:
+        for _ in self.rounds():
+            pass
+        return self.result
+
+    def _round(self, k: int) -> list[int]:
+        t0 = time.perf_counter()
+        proposal = self.drafter.propose(k, self.sampling) if k > 0 and self.drafter else Proposal([])
+        t1 = time.perf_counter()
+        verdict = self.verifier.verify(proposal, self.sampling)
+        t2 = time.perf_counter()
+        self.result.stats.observe_round(len(proposal.token_ids), verdict.num_accepted, t1 - t0, t2 - t1)
+        if k > 0 and self.drafter:
+            self.drafter.commit(self.context_length + verdict.num_accepted, verdict.token_ids[-1:])
+        self.context_length += len(verdict.token_ids)
+        return self._emit(verdict.token_ids)
+
+    def _emit(self, token_ids: list[int]) -> list[int]:
+        """Append tokens, trimming at EOS, max_tokens and stop strings; return what was emitted."""
+        result = self.result
+        previous = len(result.token_ids)
+        for i, token_id in enumerate(token_ids):
+            if token_id in self.stop.eos_token_ids:
+                token_ids, result.finish_reason = token_ids[: i + 1], "eos"
+                break
+        room = self.stop.max_tokens - previous
+        if len(token_ids) >= room:
+            token_ids = token_ids[:room]
+            result.finish_reason = result.finish_reason or "length"
+        result.token_ids.extend(token_ids)
+        if self.stop.stop:
+            self._apply_stop_strings(previous)
+        return result.token_ids[previous:]
+
+    def _apply_stop_strings(self, previous: int) -> None:
+        result = self.result
+        assert self.decode is not None
+        ids = result.token_ids[:-1] if result.finish_reason == "eos" else result.token_ids
+        text = self.decode(ids)
+        longest = max(len(s) for s in self.stop.stop)
+        start = max(0, len(self.decode(result.token_ids[:previous])) - longest + 1)
+        hits = [(pos, s) for s in self.stop.stop if (pos := text.find(s, start)) >= 0]
+        if not hits:
+            return
+        pos, s = min(hits)
+        # keep the fewest tokens whose text reaches the end of the stop string
+        keep = previous
+        while keep < len(ids) and len(self.decode(ids[:keep])) < pos + len(s):
+            keep += 1
+        del result.token_ids[keep:]
+        result.text, result.finish_reason = text[:pos], "stop"
+
+
+def _stop_prefix_overlap(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
+
+
+def speculative_generate(
+    drafter: Drafter | None,
+    verifier: Verifier,
+    *,
+    num_prompt_tokens: int,
+    k: int,
+    sampling: SamplingParams,
+    stop: StopConditions,
+    max_context: int,
+    decode: Decode | None = None,
+) -> GenerationResult:
+    return SpeculativeDecoder(
+        drafter,
+        verifier,
+        num_prompt_tokens=num_prompt_tokens,
+        k=k,
+        sampling=sampling,
+        stop=stop,
+        max_context=max_context,
+        decode=decode,
+    ).run()
+

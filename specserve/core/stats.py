@@ -1,0 +1,73 @@
+"""Per-request speculation statistics, filled by observe_*() as the loop runs.
+
+Conventions: `acceptance_rate` = accepted / proposed drafts. `mean_acceptance_length` counts the
+tokens one round emits, so it includes the recovered-or-bonus token (vLLM's convention) and is
+1.0 for target-only decoding; `mean_accepted_per_round` excludes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class SpeculationStats:
+    num_prompt_tokens: int = 0
+    num_generated: int = 0
+    num_proposed: int = 0
+    num_accepted: int = 0
+    num_rounds: int = 0
+    accepted_at_position: list[int] = field(default_factory=list)  # [i] = rounds whose draft i was accepted
+    proposed_at_position: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    total_s: float = 0.0
+    time_to_first_token_s: float = 0.0
+
+    def observe_prefill(self, num_prompt_tokens: int, seconds: float) -> None:
+        self.num_prompt_tokens = num_prompt_tokens
+        self.prefill_s += seconds
+
+    def observe_round(self, k: int, num_accepted: int, draft_s: float, target_s: float) -> None:
+        self.num_rounds += 1
+        self.num_proposed += k
+        self.num_accepted += num_accepted
+        self.draft_s += draft_s
+        self.target_s += target_s
+        grow = k - len(self.proposed_at_position)
+        if grow > 0:
+            self.proposed_at_position.extend([0] * grow)
+            self.accepted_at_position.extend([0] * grow)
+        for i in range(k):
+            self.proposed_at_position[i] += 1
+            self.accepted_at_position[i] += i < num_accepted
+
+    def observe_emitted(self, num_tokens: int, elapsed_s: float) -> None:
+        if self.num_generated == 0 and num_tokens:
+            self.time_to_first_token_s = elapsed_s
+        self.num_generated += num_tokens
+        self.total_s = elapsed_s
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
+
+    @property
+    def mean_accepted_per_round(self) -> float:
+        return self.num_accepted / self.num_rounds if self.num_rounds else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return (self.num_accepted + self.num_rounds) / self.num_rounds if self.num_rounds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_generated / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for name in ("acceptance_rate", "mean_accepted_per_round", "mean_acceptance_length", "tokens_per_second"):
+            out[name] = getattr(self, name)
+        return out

@@ -1,0 +1,65 @@
+"""Value types and the two protocols the speculative loop runs over."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How tokens are chosen. temperature == 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k filter
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0 and self.temperature == self.temperature):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """What the draft proposes for one round."""
+
+    token_ids: list[int]  # k proposed tokens
+    probs: torch.Tensor | None = None  # [k, vocab] the draft distribution they were sampled from; None if greedy
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The target's decision on one proposal."""
+
+    token_ids: list[int]  # accepted drafts + exactly one recovered-or-bonus token; len >= 1
+    num_accepted: int  # 0..k, excludes the recovered/bonus token
+
+
+class Drafter(Protocol):
+    """Proposes tokens continuing its context. Context = prompt + everything committed since."""
+
+    def propose(self, k: int, sampling: SamplingParams) -> Proposal: ...
+
+    def commit(self, num_kept: int, new_token_ids: list[int]) -> None:
+        """Keep the first `num_kept` context tokens (drops rejected proposals), then append these."""
+        ...
+
+
+class Verifier(Protocol):
+    """Scores the last context token plus k proposals in one pass and decides what to keep.
+
+    The verifier's own context advances by the verdict's tokens: it commits as it decides.
+    """
+
+    def verify(self, proposal: Proposal, sampling: SamplingParams) -> Verdict: ...

@@ -1,0 +1,78 @@
+"""Verification rules: greedy longest-prefix match and exact speculative rejection sampling.
+
+Both return a Verdict whose tokens are the accepted drafts plus one token from the target (the
+recovered token at the first rejection, or the bonus token when all k are accepted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specserve.core.types import SamplingParams, Verdict
+
+
+def greedy_verify(draft_token_ids: Sequence[int], target_logits: torch.Tensor) -> Verdict:
+    """target_logits: [k + 1, vocab]. Longest prefix equal to the argmax, then one target token."""
+    k = len(draft_token_ids)
+    assert target_logits.shape[0] == k + 1, (target_logits.shape, k)
+    target_token_ids = target_logits.argmax(dim=-1).tolist()
+    num_accepted = 0
+    while num_accepted < k and draft_token_ids[num_accepted] == target_token_ids[num_accepted]:
+        num_accepted += 1
+    return Verdict(list(draft_token_ids[:num_accepted]) + [target_token_ids[num_accepted]], num_accepted)
+
+
+def rejection_sample(
+    draft_token_ids: Sequence[int],
+    draft_probs: torch.Tensor,  # [k, vocab]
+    target_probs: torch.Tensor,  # [k + 1, vocab]
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Accept draft i with probability min(1, p_i/q_i); on rejection sample norm(max(0, p - q)).
+
+    The emitted tokens are distributed exactly as sampling from the target alone would be.
+    """
+    k = len(draft_token_ids)
+    assert draft_probs.shape[0] == k and target_probs.shape[0] == k + 1, (draft_probs.shape, target_probs.shape)
+    if k:
+        index = torch.tensor(draft_token_ids, dtype=torch.long).unsqueeze(1)
+        p = target_probs[:k].gather(1, index).squeeze(1)
+        q = draft_probs.gather(1, index).squeeze(1)
+        uniform = torch.rand(k, generator=generator, dtype=torch.float64)
+        accepted = (uniform * q.double() < p.double()).tolist()  # u < p/q without dividing by q
+    else:
+        accepted = []
+    for i, ok in enumerate(accepted):
+        if not ok:
+            residual = (target_probs[i] - draft_probs[i]).clamp_min(0)
+            if residual.sum() <= 0:  # p == q up to rounding: rejection had probability ~0
+                residual = target_probs[i]
+            recovered = int(torch.multinomial(residual, 1, generator=generator))
+            return Verdict(list(draft_token_ids[:i]) + [recovered], i)
+    bonus = int(torch.multinomial(target_probs[k], 1, generator=generator))
+    return Verdict(list(draft_token_ids) + [bonus], k)
+
+
+def logits_to_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """logits: [n, vocab] -> probs [n, vocab] in float32 after temperature, top-k and top-p."""
+    assert not sampling.greedy
+    logits = logits.float() / sampling.temperature
+    vocab = logits.shape[-1]
+    if 0 < sampling.top_k < vocab:
+        kth = logits.topk(sampling.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the tokens ranked above it already reach top_p; the first always stays
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= sampling.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """probs: [vocab]."""
+    return int(torch.multinomial(probs, 1, generator=generator))

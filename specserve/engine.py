@@ -1,0 +1,105 @@
+"""In-process speculative generation: a draft worker and a target worker in this process."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from draft_service.worker import DraftWorker
+from specserve.config import EngineConfig, GenerationRequest
+from specserve.core.loop import GenerationResult, SpeculativeDecoder, StopConditions
+from specserve.core.stats import SpeculationStats
+from specserve.models.loading import LoadedModel, load_model
+from specserve.models.tokenizers import TokenizerSpec, check_compatible
+from target_service.worker import TargetWorker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    token_ids: list[int]  # emitted by this round
+    text: str  # text that became final with this chunk
+    result: GenerationResult  # the request so far; final after the last chunk
+
+
+class SpeculativeEngine:
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None, num_speculative_tokens: int = 4) -> None:
+        if draft is not None:  # refuse before any speculation: mismatched vocabularies fail silently
+            check_compatible(
+                TokenizerSpec.of(draft.tokenizer, draft.vocab_size), TokenizerSpec.of(target.tokenizer, target.vocab_size)
+            )
+        self.target, self.draft = target, draft
+        self.target_worker = TargetWorker(target)
+        self.draft_worker = DraftWorker(draft) if draft is not None else None
+        self.num_speculative_tokens = num_speculative_tokens if draft is not None else 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, home: Path | None = None) -> SpeculativeEngine:
+        target = load_model(config.target, home)
+        draft = load_model(config.draft, home) if config.draft is not None else None
+        return cls(target, draft, config.num_speculative_tokens)
+
+    def tokenize(self, request: GenerationRequest) -> list[int]:
+        tokenizer = self.target.tokenizer
+        if request.prompt_token_ids is not None:
+            token_ids = list(request.prompt_token_ids)
+        elif request.messages is not None:
+            messages = [{"role": role, "content": content} for role, content in request.messages]
+            token_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        else:
+            token_ids = tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+        if not token_ids:
+            raise ValueError("the prompt is empty after tokenization")
+        if len(token_ids) >= self.target.max_context:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; the target's context holds {self.target.max_context}"
+            )
+        bad = [t for t in token_ids if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}")
+        return token_ids
+
+    def stream(self, request: GenerationRequest) -> Iterator[StreamChunk]:
+        """Yield what each round adds until the request finishes; the last chunk's result is final."""
+        started = time.perf_counter()
+        prompt_token_ids = self.tokenize(request)
+        k = self.num_speculative_tokens if request.num_speculative_tokens is None else request.num_speculative_tokens
+        if k > 0 and self.draft_worker is None:
+            raise ValueError("this engine has no draft model; num_speculative_tokens must be 0")
+        seed = request.sampling.seed
+        target_session = self.target_worker.open_session(prompt_token_ids, seed)
+        draft_session = self.draft_worker.open_session(prompt_token_ids, seed) if k > 0 and self.draft_worker else None
+        stats = SpeculationStats()
+        target_session.prefill()
+        if draft_session is not None:
+            draft_session.prefill()
+        stats.observe_prefill(len(prompt_token_ids), time.perf_counter() - started)
+        decoder = SpeculativeDecoder(
+            draft_session,
+            target_session,
+            num_prompt_tokens=len(prompt_token_ids),
+            k=k,
+            sampling=request.sampling,
+            stop=StopConditions(
+                request.max_tokens, frozenset() if request.ignore_eos else self.target.eos_token_ids, request.stop
+            ),
+            max_context=self.target.max_context,
+            decode=self.decode,
+            stats=stats,
+            started_at=started,
+        )
+        for emitted in decoder.rounds():
+            yield StreamChunk(emitted, decoder.text_delta(), decoder.result)
+        yield StreamChunk([], decoder.text_delta(), decoder.result)  # the rest of the text, and the final stats
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        for chunk in self.stream(request):
+            pass
+        return chunk.result
+
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        return self.target.tokenizer.decode(list(token_ids), skip_special_tokens=False)

@@ -1,0 +1,1 @@
+"""Model presets, artifact fetching and verification, loading, and tokenizer compatibility."""

@@ -1,0 +1,47 @@
+"""One token sequence and its KV cache on one model: feed new tokens, truncate on rejection."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+class CachedSequence:
+    """Tokens 0..num_cached-1 are in the KV cache; the rest are pending until the next feed()."""
+
+    def __init__(self, model: PreTrainedModel, token_ids: list[int]) -> None:
+        self.model = model
+        self.token_ids = list(token_ids)
+        self.cache = DynamicCache(config=model.config)
+        self.num_cached = 0
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.token_ids) - self.num_cached
+
+    @torch.inference_mode()
+    def feed(self, num_logits: int, upto: int | None = None) -> torch.Tensor:
+        """Run the pending tokens (through `upto`) in one pass; return logits [num_logits, vocab] of the last ones."""
+        end = len(self.token_ids) if upto is None else upto
+        assert self.num_cached < end <= len(self.token_ids), (self.num_cached, end, len(self.token_ids))
+        assert 0 < num_logits <= end - self.num_cached
+        device = self.model.device
+        input_ids = torch.tensor([self.token_ids[self.num_cached : end]], dtype=torch.long, device=device)
+        cache_position = torch.arange(self.num_cached, end, device=device)
+        out = self.model(
+            input_ids=input_ids,
+            cache=self.cache,
+            cache_position=cache_position,
+            use_cache=True,
+            logits_to_keep=num_logits,
+        )
+        self.num_cached = end
+        return out.logits[0]  # [num_logits, vocab]
+
+    def truncate(self, num_tokens: int) -> None:
+        """Keep the first `num_tokens` tokens: the one call that rolls back rejected positions."""
+        assert 0 <= num_tokens <= len(self.token_ids)
+        del self.token_ids[num_tokens:]
+        if self.num_cached > num_tokens:
+            self.cache.crop(num_tokens - self.num_cached)  # transformers 5: a negative count removes
+            self.num_cached = num_tokens

@@ -1,0 +1,1 @@
+"""The target side: the large model whose output speculation must reproduce exactly."""
