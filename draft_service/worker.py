@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specserve.core.types import Proposal, SamplingParams
-from specserve.core.verify import logits_to_probs, sample
+from specserve.core.verify import DRAFT_STREAM, logits_to_probs, make_generator, sample
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence
 
@@ -25,11 +25,7 @@ class DraftSession:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
         self.sequence = CachedSequence(loaded.model, prompt_token_ids)
-        self.generator = torch.Generator()
-        if seed is not None:
-            self.generator.manual_seed(seed)
-        else:
-            self.generator.seed()
+        self.generator = make_generator(seed, DRAFT_STREAM)
 
     def prefill(self) -> None:
         """Cache all prompt tokens but the last, which the first propose() feeds."""

@@ -33,7 +33,9 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     target = ModelConfig(args.target, args.target_device, args.target_dtype, args.trust_remote_code)
     draft = None
     if args.draft.lower() != "none":
-        draft = ModelConfig(args.draft, args.draft_device, args.draft_dtype, args.trust_remote_code, args.draft_quantization)
+        draft = ModelConfig(
+            args.draft, args.draft_device, args.draft_dtype, args.trust_remote_code, args.draft_quantization
+        )
     return EngineConfig(target, draft, args.num_speculative_tokens if draft else 0)
 
 
@@ -53,7 +55,9 @@ def _add_request_flags(parser: argparse.ArgumentParser) -> None:
 def _request(args: argparse.Namespace, prompt: str) -> GenerationRequest:
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     if args.chat:
-        return GenerationRequest(messages=(("user", prompt),), max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop))
+        return GenerationRequest(
+            messages=(("user", prompt),), max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop)
+        )
     return GenerationRequest(prompt=prompt, max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop))
 
 
@@ -68,6 +72,7 @@ def cmd_generate(args: argparse.Namespace, prompt: str | None = None) -> int:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     result, stats = chunk.result, chunk.result.stats
+    k = engine.num_speculative_tokens if request.num_speculative_tokens is None else request.num_speculative_tokens
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                           "stats": stats.to_dict()}))  # fmt: skip
@@ -76,7 +81,7 @@ def cmd_generate(args: argparse.Namespace, prompt: str | None = None) -> int:
     print(
         f"\n[{result.finish_reason}] {stats.num_generated} tokens in {stats.total_s:.2f}s = "
         f"{stats.tokens_per_second:.2f} tok/s, first token after {stats.time_to_first_token_s * 1000:.0f} ms; "
-        f"k={engine.num_speculative_tokens if request.num_speculative_tokens is None else request.num_speculative_tokens}, "
+        f"k={k}, "
         f"accepted {stats.num_accepted}/{stats.num_proposed} drafts ({stats.acceptance_rate:.0%}), "
         f"{stats.mean_acceptance_length:.2f} tokens per round over {stats.num_rounds} rounds; "
         f"time in draft {stats.draft_s:.2f}s, in target {stats.target_s:.2f}s",
@@ -156,7 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         if args.command == "generate":
             return cmd_generate(args)

@@ -29,8 +29,14 @@ class StreamChunk:
 class SpeculativeEngine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, num_speculative_tokens: int = 4) -> None:
         if draft is not None:  # refuse before any speculation: mismatched vocabularies fail silently
+            if draft.max_context < target.max_context:
+                raise ValueError(
+                    f"the draft's context ({draft.max_context} tokens) is shorter than the target's "
+                    f"({target.max_context}); the draft could not follow long requests"
+                )
             check_compatible(
-                TokenizerSpec.of(draft.tokenizer, draft.vocab_size), TokenizerSpec.of(target.tokenizer, target.vocab_size)
+                TokenizerSpec.of(draft.tokenizer, draft.vocab_size),
+                TokenizerSpec.of(target.tokenizer, target.vocab_size),
             )
         self.target, self.draft = target, draft
         self.target_worker = TargetWorker(target)
@@ -49,7 +55,9 @@ class SpeculativeEngine:
             token_ids = list(request.prompt_token_ids)
         elif request.messages is not None:
             messages = [{"role": role, "content": content} for role, content in request.messages]
-            token_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+            token_ids = list(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            )
         else:
             token_ids = tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
         if not token_ids:
@@ -97,9 +105,8 @@ class SpeculativeEngine:
         yield StreamChunk([], decoder.text_delta(), decoder.result)  # the rest of the text, and the final stats
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        for chunk in self.stream(request):
-            pass
-        return chunk.result
+        *_, last = self.stream(request)
+        return last.result
 
     def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
         return self.target.tokenizer.decode(list(token_ids), skip_special_tokens=False)

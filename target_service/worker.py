@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from specserve.core.types import Proposal, SamplingParams, Verdict
-from specserve.core.verify import greedy_verify, logits_to_probs, rejection_sample
+from specserve.core.verify import TARGET_STREAM, greedy_verify, logits_to_probs, make_generator, rejection_sample
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence
 
@@ -25,11 +23,7 @@ class TargetSession:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
         self.sequence = CachedSequence(loaded.model, prompt_token_ids)
-        self.generator = torch.Generator()
-        if seed is not None:
-            self.generator.manual_seed(seed + 1)  # not the draft's stream: its uniforms must be independent
-        else:
-            self.generator.seed()
+        self.generator = make_generator(seed, TARGET_STREAM)
 
     def prefill(self) -> None:
         if self.sequence.num_pending > 1:

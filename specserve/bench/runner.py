@@ -114,20 +114,36 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
     for dtype in cfg.baseline_dtypes:
         model = target if ModelConfig(cfg.target, dtype=dtype).resolve_dtype(target.device) == target.dtype else None
         baselines[dtype] = SpeculativeEngine(model or load_model(ModelConfig(cfg.target, dtype=dtype), home), None)
-        modes.append((ModeResult(f"target-only {dtype}", "target-only", 0, f"target {dtype}"), _ours(baselines[dtype], 0, cfg)))
+        modes.append(
+            (ModeResult(f"target-only {dtype}", "target-only", 0, f"target {dtype}"), _ours(baselines[dtype], 0, cfg))
+        )
     settings = f"target {_dtype(target)}, draft {_dtype(draft)}"
     for k in cfg.ks:
         modes.append((ModeResult(f"specserve k={k}", "speculative", k, settings), _ours(engine, k, cfg)))
-    modes.append((ModeResult("hf target-only", "target-only", 0, f"target {_dtype(target)}"), _peer(target, None, None, cfg)))
+    modes.append(
+        (ModeResult("hf target-only", "target-only", 0, f"target {_dtype(target)}"), _peer(target, None, None, cfg))
+    )
     for k in cfg.hf_ks:
         modes.append((ModeResult(f"hf assisted k={k}", "peer", k, settings), _peer(target, draft, k, cfg)))
-    modes.append((ModeResult("hf assisted default", "peer", 20, settings + ", HF defaults"), _peer(target, draft, None, cfg)))
+    modes.append(
+        (ModeResult("hf assisted default", "peer", 20, settings + ", HF defaults"), _peer(target, draft, None, cfg))
+    )
     if cfg.hf_fp32_draft:
         fp32_draft = load_model(ModelConfig(cfg.draft, dtype="float32", quantization="none"), home)
         fp32_settings = f"target {_dtype(target)}, draft {_dtype(fp32_draft)}"
         for k in cfg.hf_ks:
-            modes.append((ModeResult(f"hf assisted k={k} fp32 draft", "peer", k, fp32_settings), _peer(target, fp32_draft, k, cfg)))
-        modes.append((ModeResult(f"specserve k=4 fp32 draft", "speculative", 4, fp32_settings), _ours(SpeculativeEngine(target, fp32_draft), 4, cfg)))
+            modes.append(
+                (
+                    ModeResult(f"hf assisted k={k} fp32 draft", "peer", k, fp32_settings),
+                    _peer(target, fp32_draft, k, cfg),
+                )
+            )
+        modes.append(
+            (
+                ModeResult("specserve k=4 fp32 draft", "speculative", 4, fp32_settings),
+                _ours(SpeculativeEngine(target, fp32_draft), 4, cfg),
+            )
+        )
 
     prompts = [target.tokenizer(p, add_special_tokens=False)["input_ids"] for p in humaneval_prompts(cfg.num_prompts)]
     for _, runner in modes:  # warm-up: first calls pay one-off allocation and kernel selection
@@ -189,8 +205,8 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
                 efficiency=round(speedup_same_target / theory, 3),
             )
         elif mode.kind == "peer" and mode.num_target_passes:
-            rounds = mode.num_target_passes - len(prompts)  # one prefill pass per prompt
-            row["mean_acceptance_length"] = round(mode.num_tokens / max(1, rounds), 3)
+            # assisted generation verifies its first window in the prefill pass: every pass is a round
+            row["mean_acceptance_length"] = round(mode.num_tokens / mode.num_target_passes, 3)
         if mode is not reference and mode.settings.startswith(f"target {_dtype(target)}"):
             row.update(_lossless(target, prompts, reference, mode))
         rows.append(row)
@@ -209,5 +225,7 @@ def _lossless(target: LoadedModel, prompts: list[list[int]], reference: ModeResu
             identical += 1
             continue
         d = first_divergence(target, prompt, ref, out)
-        divergences.append(None if d is None else {"position": d.position, "margin": round(d.margin, 4), "near_tie": d.near_tie})
+        divergences.append(
+            None if d is None else {"position": d.position, "margin": round(d.margin, 4), "near_tie": d.near_tie}
+        )
     return {"identical_to_target_only": f"{identical}/{len(prompts)}", "divergences": divergences}

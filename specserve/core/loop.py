@@ -74,28 +74,23 @@ class SpeculativeDecoder:
         while result.finish_reason is None:
             room = min(self.stop.max_tokens - len(result.token_ids), self.max_context - self.context_length)
             if room <= 0:
-                result.finish_reason = "length"
+                self._finish("length")
                 break
             emitted = self._round(min(self.k, room - 1))
             result.stats.observe_emitted(len(emitted), time.perf_counter() - self.started_at)
             if emitted:
                 yield emitted
-        if self.decode is not None and result.finish_reason != "stop":
-            text_ids = result.token_ids[:-1] if result.finish_reason == "eos" else result.token_ids
-            result.text = self.decode(text_ids)
 
     def text_delta(self) -> str:
-        """Text that became final since the last call: complete characters, never a possible stop-string start."""
-        result = self.result
-        if result.finish_reason is not None and (self.decode is None or result.text or result.finish_reason == "stop"):
-            text = result.text
-        elif self.decode is None:
+        """Text that became final since the last call: whole characters, never the start of a stop string."""
+        if self.decode is None:
             return ""
+        result = self.result
+        if result.finish_reason is not None:
+            text = result.text
         else:
-            ids = result.token_ids[:-1] if result.finish_reason == "eos" else result.token_ids
-            text = self.decode(ids).rstrip("\ufffd")  # a multi-byte character may be half generated
-            if result.finish_reason is None:
-                text = text[: len(text) - _stop_prefix_overlap(text, self.stop.stop)]
+            text = self.decode(result.token_ids).rstrip("\ufffd")  # a multi-byte character may be half generated
+            text = text[: len(text) - _stop_prefix_overlap(text, self.stop.stop)]
         delta = text[self._num_text_emitted :]
         self._num_text_emitted = max(self._num_text_emitted, len(text))
         return delta
@@ -112,7 +107,7 @@ class SpeculativeDecoder:
         verdict = self.verifier.verify(proposal, self.sampling)
         t2 = time.perf_counter()
         self.result.stats.observe_round(len(proposal.token_ids), verdict.num_accepted, t1 - t0, t2 - t1)
-        if k > 0 and self.drafter:
+        if self.drafter is not None:
             self.drafter.commit(self.context_length + verdict.num_accepted, verdict.token_ids[-1:])
         self.context_length += len(verdict.token_ids)
         return self._emit(verdict.token_ids)
@@ -121,36 +116,47 @@ class SpeculativeDecoder:
         """Append tokens, trimming at EOS, max_tokens and stop strings; return what was emitted."""
         result = self.result
         previous = len(result.token_ids)
+        reason = None
         for i, token_id in enumerate(token_ids):
             if token_id in self.stop.eos_token_ids:
-                token_ids, result.finish_reason = token_ids[: i + 1], "eos"
+                token_ids, reason = token_ids[: i + 1], "eos"
                 break
         room = self.stop.max_tokens - previous
         if len(token_ids) >= room:
-            token_ids = token_ids[:room]
-            result.finish_reason = result.finish_reason or "length"
+            token_ids, reason = token_ids[:room], reason or "length"
         result.token_ids.extend(token_ids)
-        if self.stop.stop:
-            self._apply_stop_strings(previous)
+        if not (self.stop.stop and self._cut_at_stop_string(previous)) and reason is not None:
+            self._finish(reason)
         return result.token_ids[previous:]
 
-    def _apply_stop_strings(self, previous: int) -> None:
+    def _finish(self, reason: str) -> None:
+        result = self.result
+        result.finish_reason = reason
+        if self.decode is not None:
+            result.text = self.decode(result.token_ids[:-1] if reason == "eos" else result.token_ids)
+
+    def _cut_at_stop_string(self, previous: int) -> bool:
+        """Finish with "stop" if a stop string appeared in the newly emitted text."""
         result = self.result
         assert self.decode is not None
-        ids = result.token_ids[:-1] if result.finish_reason == "eos" else result.token_ids
+        ids = result.token_ids
+        if ids and ids[-1] in self.stop.eos_token_ids:
+            ids = ids[:-1]
         text = self.decode(ids)
+        # search a little before the old end: a stop string may straddle rounds, and a half-decoded
+        # character can shift lengths by up to 3 replacement characters
         longest = max(len(s) for s in self.stop.stop)
-        start = max(0, len(self.decode(result.token_ids[:previous])) - longest + 1)
+        start = max(0, len(self.decode(result.token_ids[:previous])) - longest - 3)
         hits = [(pos, s) for s in self.stop.stop if (pos := text.find(s, start)) >= 0]
         if not hits:
-            return
+            return False
         pos, s = min(hits)
-        # keep the fewest tokens whose text reaches the end of the stop string
-        keep = previous
+        keep = previous  # the fewest tokens whose text reaches the end of the stop string
         while keep < len(ids) and len(self.decode(ids[:keep])) < pos + len(s):
             keep += 1
         del result.token_ids[keep:]
-        result.text, result.finish_reason = text[:pos], "stop"
+        result.finish_reason, result.text = "stop", text[:pos]
+        return True
 
 
 def _stop_prefix_overlap(text: str, stops: tuple[str, ...]) -> int:
@@ -185,4 +191,3 @@ def speculative_generate(
         max_context=max_context,
         decode=decode,
     ).run()
-

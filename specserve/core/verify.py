@@ -73,6 +73,20 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Ten
     return logits.softmax(dim=-1)
 
 
+DRAFT_STREAM, TARGET_STREAM = 0, 1
+
+
+def make_generator(seed: int | None, stream: int) -> torch.Generator:
+    """The random stream of one side of a request. Seeds map to disjoint streams (2 * seed + stream),
+    so the draft's and the target's uniforms are independent, also across requests with nearby seeds."""
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(2 * seed + stream)
+    return generator
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """probs: [vocab]."""
     return int(torch.multinomial(probs, 1, generator=generator))

