@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench protos clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,6 +23,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/specserve bench --num-prompts 10 --max-tokens 128 --json docs/bench-humaneval.json
+
+# The generated code is committed; tests/unit/test_protos.py fails when it is stale.
+protos: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. protos/specserve.proto
 
 clean:
 	rm -rf $(VENV)

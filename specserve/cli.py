@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
+import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from specserve.config import EngineConfig, GenerationRequest
+from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
 from specserve.core.types import SamplingParams
 from specserve.models.loading import DTYPES, QUANTIZATIONS, ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
@@ -26,7 +29,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{role}-device", default="auto")
     g.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS)
     g.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with HF models")
-    g.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="drafts per round; 0 = target-only")
+    g.add_argument(
+        "-k", "--num-speculative-tokens", type=int, default=None, help="drafts per round (default 4); 0 = target-only"
+    )
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -36,7 +41,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         draft = ModelConfig(
             args.draft, args.draft_device, args.draft_dtype, args.trust_remote_code, args.draft_quantization
         )
-    return EngineConfig(target, draft, args.num_speculative_tokens if draft else 0)
+    k = 4 if args.num_speculative_tokens is None else args.num_speculative_tokens
+    return EngineConfig(target, draft, k if draft else 0)
 
 
 def _add_request_flags(parser: argparse.ArgumentParser) -> None:
@@ -54,40 +60,106 @@ def _add_request_flags(parser: argparse.ArgumentParser) -> None:
 
 def _request(args: argparse.Namespace, prompt: str) -> GenerationRequest:
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-    if args.chat:
-        return GenerationRequest(
-            messages=(("user", prompt),), max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop)
-        )
-    return GenerationRequest(prompt=prompt, max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop))
+    return GenerationRequest(
+        prompt=None if args.chat else prompt,
+        messages=(("user", prompt),) if args.chat else None,
+        max_tokens=args.max_tokens,
+        sampling=sampling,
+        stop=tuple(args.stop),
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
 
 
 def cmd_generate(args: argparse.Namespace, prompt: str | None = None) -> int:
+    prompt = prompt if prompt is not None else (args.prompt if args.prompt != "-" else sys.stdin.read())
+    if args.address:
+        return _generate_remote(args, prompt)
     from specserve.engine import SpeculativeEngine
 
-    prompt = prompt if prompt is not None else (args.prompt if args.prompt != "-" else sys.stdin.read())
     engine = SpeculativeEngine.from_config(_engine_config(args))
-    request = _request(args, prompt)
-    for chunk in engine.stream(request):
+    for chunk in engine.stream(_request(args, prompt)):
         if args.stream and not args.json:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
-    result, stats = chunk.result, chunk.result.stats
-    k = engine.num_speculative_tokens if request.num_speculative_tokens is None else request.num_speculative_tokens
+    result = chunk.result
+    _print_result(args, result.text, result.token_ids, result.finish_reason or "", result.stats.summary())
+    return 0
+
+
+def _generate_remote(args: argparse.Namespace, prompt: str) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from orchestrator.client import SpecServeClient
+    from protos import convert
+
+    request = convert.generation_request_to_proto(_request(args, prompt))
+    with SpecServeClient(args.address) as client:
+        text, token_ids = [], []
+        for chunk in client.stub.GenerateStream(request, timeout=client.timeout_s):
+            text.append(chunk.text)
+            token_ids.extend(chunk.token_ids)
+            if args.stream and not args.json:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+    stats = MessageToDict(chunk.stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    _print_result(args, "".join(text), token_ids, chunk.finish_reason, stats)
+    return 0
+
+
+def _print_result(args: argparse.Namespace, text: str, token_ids: list[int], finish_reason: str, stats: dict) -> None:
     if args.json:
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-                          "stats": stats.to_dict()}))  # fmt: skip
-        return 0
-    print("" if args.stream else result.text)
+        print(json.dumps({"text": text, "token_ids": token_ids, "finish_reason": finish_reason, "stats": stats}))
+        return
+    print("" if args.stream else text)
     print(
-        f"\n[{result.finish_reason}] {stats.num_generated} tokens in {stats.total_s:.2f}s = "
-        f"{stats.tokens_per_second:.2f} tok/s, first token after {stats.time_to_first_token_s * 1000:.0f} ms; "
-        f"k={k}, "
-        f"accepted {stats.num_accepted}/{stats.num_proposed} drafts ({stats.acceptance_rate:.0%}), "
-        f"{stats.mean_acceptance_length:.2f} tokens per round over {stats.num_rounds} rounds; "
-        f"time in draft {stats.draft_s:.2f}s, in target {stats.target_s:.2f}s",
+        f"\n[{finish_reason}] {stats['generated_tokens']} tokens in {stats['total_ms'] / 1000:.2f}s = "
+        f"{stats['tokens_per_second']:.2f} tok/s, first token after {stats['time_to_first_token_ms']:.0f} ms; "
+        f"accepted {stats['accepted']}/{stats['proposed']} drafts ({stats['acceptance_rate']:.0%}), "
+        f"{stats['mean_acceptance_length']:.2f} tokens per round over {stats['rounds']} rounds; "
+        f"waiting on the draft {stats['draft_ms'] / 1000:.2f}s, on the target {stats['target_ms'] / 1000:.2f}s",
         file=sys.stderr,
     )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from specserve.launcher import LocalStackConfig, serve_local
+
+    engine = _engine_config(args)
+    config = LocalStackConfig(
+        engine.target, engine.draft, engine.num_speculative_tokens, args.host, args.port, not args.no_pipeline
+    )
+    asyncio.run(_serve_until_signalled(serve_local, config))
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The served stack on this machine, one streamed request through the gRPC client, then shut down."""
+    import threading
+
+    from specserve.launcher import LocalStackConfig, free_port, serve_local
+
+    engine = _engine_config(args)
+    config = LocalStackConfig(engine.target, engine.draft, engine.num_speculative_tokens, port=free_port())
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    listening = threading.Event()
+    server = threading.Thread(
+        target=loop.run_until_complete, args=(serve_local(config, lambda _: listening.set(), stop),), daemon=True
+    )
+    server.start()
+    print("starting the draft and target services and the orchestrator (loading models)...", file=sys.stderr)
+    while not listening.wait(0.5):
+        if not server.is_alive():
+            print("specserve: error: the served stack failed to start (see the log above)", file=sys.stderr)
+            return 1
+    args.address, args.stream = f"127.0.0.1:{config.port}", True
+    print(f"orchestrator on {args.address}; request:\n", file=sys.stderr)
+    print(DEMO_PROMPT, end="")
+    try:
+        return _generate_remote(args, DEMO_PROMPT)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        server.join(60)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -97,7 +169,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(
         target=args.target, draft=args.draft, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
         ks=tuple(args.ks), target_dtype=args.target_dtype, draft_quantization=args.draft_quantization,
-        hf_fp32_draft=not args.no_fp32_draft,
+        baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_fp32_draft=not args.no_fp32_draft,
+        served=args.served,
     )  # fmt: skip
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     summary = run_bench(cfg)
@@ -138,10 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate text for PROMPT ('-' reads stdin)")
     gen.add_argument("prompt")
+    gen.add_argument("--address", help="a running orchestrator (HOST:PORT); without it, generate in this process")
     _add_model_flags(gen)
     _add_request_flags(gen)
 
-    demo = sub.add_parser("demo", help="the default pair on a code prompt, with speculation stats")
+    serve = sub.add_parser("serve", help="serve the draft, target and orchestrator on this machine")
+    _add_model_flags(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="orchestrator interface; 0.0.0.0 opens it to the network")
+    serve.add_argument("--port", type=int, default=50051)
+    serve.add_argument("--no-pipeline", action="store_true", help="do not pre-draft while the target verifies")
+
+    demo = sub.add_parser("demo", help="start the served stack, send one code prompt, print text and stats")
     _add_model_flags(demo)
     _add_request_flags(demo)
 
@@ -151,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", type=int, default=128)
     bench.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6, 8])
     bench.add_argument("--no-fp32-draft", action="store_true", help="skip the modes with a float32 draft")
+    bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face assisted-generation peer")
+    bench.add_argument("--baseline-dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPES))
+    bench.add_argument("--served", action="store_true", help="also measure the served stack over gRPC")
     bench.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
 
     models = sub.add_parser("models", help="list presets; fetch or verify their weights")
@@ -159,19 +242,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: list[str] | None = None) -> int:
+    """Entry point of `python -m draft_service` / `python -m target_service`."""
+    parser = argparse.ArgumentParser(prog=f"python -m {role}_service", description=f"serve a {role} model over gRPC")
+    parser.add_argument("--model", required=True, help="preset, HF model id or local directory")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--quantization", default="auto" if role == "draft" else "none", choices=QUANTIZATIONS)
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 opens it to the network")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--max-sessions", type=int, default=256)
+    parser.add_argument("--idle-ttl-s", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    _configure_logging(verbose=True)
+    try:
+        model = ModelConfig(args.model, args.device, args.dtype, args.trust_remote_code, args.quantization)
+        config = WorkerServiceConfig(model, args.host, args.port, args.max_sessions, args.idle_ttl_s)
+    except ValueError as error:
+        print(f"{role}_service: error: {error}", file=sys.stderr)
+        return 2
+    asyncio.run(_serve_until_signalled(serve, config))
+    return 0
+
+
+async def _serve_until_signalled(serve: Callable[..., Awaitable[None]], config: object) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(config, stop=stop)
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _configure_logging(args.verbose)
     try:
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "demo":
-            args.stream = True
-            print(DEMO_PROMPT, end="")
-            return cmd_generate(args, DEMO_PROMPT)
+            return cmd_demo(args)
+        if args.command == "serve":
+            return cmd_serve(args)
         if args.command == "bench":
             return cmd_bench(args)
         return cmd_models(args)

@@ -49,3 +49,26 @@ class GenerationRequest:
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
         StopConditions(self.max_tokens, stop=self.stop)  # validates max_tokens and stop strings
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerServiceConfig:
+    """One draft or target gRPC server."""
+
+    model: ModelConfig
+    host: str = "127.0.0.1"
+    """Interface to listen on; loopback unless deliberately opened (0.0.0.0 / [::])."""
+    port: int = 0
+    """0 picks a free port (reported in the log and to the caller)."""
+    max_sessions: int = 256
+    """Sessions (KV caches) kept at once; the least recently used is evicted beyond it."""
+    idle_ttl_s: float = 300.0
+    """A session unused this long is evicted; its next use gets NOT_FOUND and the orchestrator prefills again."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.idle_ttl_s <= 0:
+            raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from draft_service.worker import DraftWorker
 from specserve.config import EngineConfig, GenerationRequest
-from specserve.core.loop import GenerationResult, SpeculativeDecoder, StopConditions
+from specserve.core.loop import GenerationResult, SpeculativeDecoder
 from specserve.core.stats import SpeculationStats
 from specserve.models.loading import LoadedModel, load_model
 from specserve.models.tokenizers import TokenizerSpec, check_compatible
+from specserve.prompts import resolve_k, stop_conditions, tokenize_request
 from target_service.worker import TargetWorker
 
 logger = logging.getLogger(__name__)
@@ -50,34 +51,13 @@ class SpeculativeEngine:
         return cls(target, draft, config.num_speculative_tokens)
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
-        tokenizer = self.target.tokenizer
-        if request.prompt_token_ids is not None:
-            token_ids = list(request.prompt_token_ids)
-        elif request.messages is not None:
-            messages = [{"role": role, "content": content} for role, content in request.messages]
-            token_ids = list(
-                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-            )
-        else:
-            token_ids = tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
-        if not token_ids:
-            raise ValueError("the prompt is empty after tokenization")
-        if len(token_ids) >= self.target.max_context:
-            raise ValueError(
-                f"the prompt has {len(token_ids)} tokens; the target's context holds {self.target.max_context}"
-            )
-        bad = [t for t in token_ids if not 0 <= t < self.target.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}")
-        return token_ids
+        return tokenize_request(self.target.tokenizer, request, self.target.max_context, self.target.vocab_size)
 
     def stream(self, request: GenerationRequest) -> Iterator[StreamChunk]:
         """Yield what each round adds until the request finishes; the last chunk's result is final."""
         started = time.perf_counter()
         prompt_token_ids = self.tokenize(request)
-        k = self.num_speculative_tokens if request.num_speculative_tokens is None else request.num_speculative_tokens
-        if k > 0 and self.draft_worker is None:
-            raise ValueError("this engine has no draft model; num_speculative_tokens must be 0")
+        k = resolve_k(request, self.num_speculative_tokens, self.draft_worker is not None)
         seed = request.sampling.seed
         target_session = self.target_worker.open_session(prompt_token_ids, seed)
         draft_session = self.draft_worker.open_session(prompt_token_ids, seed) if k > 0 and self.draft_worker else None
@@ -92,9 +72,7 @@ class SpeculativeEngine:
             num_prompt_tokens=len(prompt_token_ids),
             k=k,
             sampling=request.sampling,
-            stop=StopConditions(
-                request.max_tokens, frozenset() if request.ignore_eos else self.target.eos_token_ids, request.stop
-            ),
+            stop=stop_conditions(request, self.target.eos_token_ids),
             max_context=self.target.max_context,
             decode=self.decode,
             stats=stats,

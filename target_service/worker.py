@@ -5,15 +5,36 @@ from __future__ import annotations
 from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.core.verify import TARGET_STREAM, greedy_verify, logits_to_probs, make_generator, rejection_sample
 from specserve.models.loading import LoadedModel
-from specserve.models.sequence import CachedSequence
+from specserve.models.sequence import CachedSequence, check_token_ids
+from specserve.sessions import SessionStore
 
 
 class TargetWorker:
-    def __init__(self, loaded: LoadedModel) -> None:
+    """The target model; sessions keyed by id for the service, or unmanaged via open_session()."""
+
+    def __init__(self, loaded: LoadedModel, max_sessions: int = 256, idle_ttl_s: float = 300.0) -> None:
         self.loaded = loaded
+        self.sessions: SessionStore[TargetSession] = SessionStore(max_sessions, idle_ttl_s)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> TargetSession:
+        check_token_ids(prompt_token_ids, self.loaded, "prompt_token_ids")
         return TargetSession(self.loaded, prompt_token_ids, seed)
+
+    def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None = None) -> None:
+        session = self.open_session(prompt_token_ids, seed)
+        session.prefill()
+        self.sessions.put(session_id, session)
+
+    def verify(self, session_id: str, proposal: Proposal, sampling: SamplingParams) -> Verdict:
+        session = self.sessions.get(session_id)
+        check_token_ids(proposal.token_ids, self.loaded, "draft_token_ids")
+        room = self.loaded.max_context - len(session.sequence.token_ids)
+        if len(proposal.token_ids) >= room:
+            raise ValueError(f"{len(proposal.token_ids)} drafts do not fit: {room} positions left in the context")
+        return session.verify(proposal, sampling)
+
+    def release(self, session_id: str) -> bool:
+        return self.sessions.pop(session_id) is not None
 
 
 class TargetSession:

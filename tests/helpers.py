@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from specserve.core.types import Verdict
 
 if TYPE_CHECKING:
+    from specserve.bench.lossless import Divergence
     from specserve.models.loading import LoadedModel
 
 K = TypeVar("K")
@@ -91,56 +91,6 @@ def resample_target_on_rejection(
 # ---------------------------------------------------------------------------------------------------
 # Near ties: where speculative and target-only output may legitimately differ (bf16, batched, GPU)
 
-NEAR_TIE_TOLERANCE: dict[torch.dtype, float] = {
-    # bf16 has 8 significant bits: one ulp at |logit| ~ 16..32 is 0.125, so 0.5 is a few ulps of the
-    # rounding noise a different matmul blocking (k + 1 rows vs 1 row) can introduce.
-    torch.bfloat16: 0.5,
-    # fp16 has 11 significant bits: 8x finer than bf16.
-    torch.float16: 0.1,
-    # fp32: 24 significant bits; reduction-order noise is ~1e-5 at these magnitudes.
-    torch.float32: 1e-3,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Divergence:
-    position: int  # index into the generated tokens of the first difference
-    reference_token_id: int | None  # None when the reference ended there
-    candidate_token_id: int | None
-    top2_margin: float  # top-1 minus top-2 reference logit at that position
-    reference_gap: float  # max logit minus the reference token's logit
-    candidate_gap: float
-    tolerance: float
-
-
-def first_divergence(reference_ids: Sequence[int], candidate_ids: Sequence[int]) -> int | None:
-    """The first index where the two sequences differ (or one ends before the other); None if equal."""
-    for i, (a, b) in enumerate(zip(reference_ids, candidate_ids, strict=False)):
-        if a != b:
-            return i
-    if len(reference_ids) != len(candidate_ids):
-        return min(len(reference_ids), len(candidate_ids))
-    return None
-
-
-@torch.inference_mode()
-def reference_logits(
-    target: LoadedModel, prompt_token_ids: Sequence[int], generated_token_ids: Sequence[int]
-) -> torch.Tensor:
-    """The target's float32 logits [vocab] for the token after prompt + generated.
-
-    Prompt in one pass (as every run does), then the generated tokens one at a time: target-only
-    decoding's arithmetic, independent of any speculative batching.
-    """
-    from specserve.models.sequence import CachedSequence
-
-    num_prompt = len(prompt_token_ids)
-    sequence = CachedSequence(target.model, list(prompt_token_ids) + list(generated_token_ids))
-    logits = sequence.feed(1, upto=num_prompt)[-1]
-    for end in range(num_prompt + 1, len(sequence.token_ids) + 1):
-        logits = sequence.feed(1, upto=end)[-1]
-    return logits.float()
-
 
 def assert_divergence_is_near_tie(
     target: LoadedModel,
@@ -149,36 +99,25 @@ def assert_divergence_is_near_tie(
     candidate_ids: Sequence[int],
     tolerance: float | None = None,
 ) -> Divergence | None:
-    """None when the outputs are identical; else check the first divergence is a near-tie of the target.
+    """None when the outputs are identical; else assert the first divergence is a near-tie of the target.
 
     Both tokens chosen at the first differing position must have logits within `tolerance` of the
-    target's maximum there (recomputed by `reference_logits`), so their top-2 margin is below it too.
-    Later positions are not compared: after a divergence the contexts differ. Default tolerance by
-    the target's dtype (NEAR_TIE_TOLERANCE). Raises AssertionError on a real disagreement.
+    target's maximum there (recomputed one token per pass, as target-only decoding does). Later
+    positions are not compared: after a divergence the contexts differ.
     """
-    position = first_divergence(reference_ids, candidate_ids)
-    if position is None:
+    from specserve.bench.lossless import first_divergence
+
+    divergence = first_divergence(target, prompt_token_ids, reference_ids, candidate_ids, tolerance)
+    if divergence is None:
         return None
-    if tolerance is None:
-        tolerance = NEAR_TIE_TOLERANCE[target.dtype]
-    reference_token = reference_ids[position] if position < len(reference_ids) else None
-    candidate_token = candidate_ids[position] if position < len(candidate_ids) else None
-    assert reference_token is not None and candidate_token is not None, (
+    assert None not in (divergence.reference_token_id, divergence.candidate_token_id), (
         f"one output is a strict prefix of the other (lengths {len(reference_ids)} and {len(candidate_ids)}) "
         "with no differing token: that is a stopping bug, not a near-tie"
     )
-    logits = reference_logits(target, prompt_token_ids, reference_ids[:position])
-    top2 = logits.topk(2)
-    top2_margin = float(top2.values[0] - top2.values[1])
-    reference_gap = float(top2.values[0] - logits[reference_token])
-    candidate_gap = float(top2.values[0] - logits[candidate_token])
-    divergence = Divergence(
-        position, reference_token, candidate_token, top2_margin, reference_gap, candidate_gap, tolerance
-    )
-    assert reference_gap <= tolerance and candidate_gap <= tolerance, (
-        f"real disagreement at generated position {position}: reference token {reference_token} "
-        f"(gap to the max logit {reference_gap:.4g}) vs candidate token {candidate_token} "
-        f"(gap {candidate_gap:.4g}); top-2 margin {top2_margin:.4g}, top-2 ids {top2.indices.tolist()}, "
-        f"tolerance {tolerance} for {target.dtype}"
+    assert divergence.near_tie, (
+        f"real disagreement at generated position {divergence.position}: reference token "
+        f"{divergence.reference_token_id} (gap to the max logit {divergence.reference_gap:.4g}) vs candidate "
+        f"token {divergence.candidate_token_id} (gap {divergence.candidate_gap:.4g}); top-2 margin "
+        f"{divergence.top2_margin:.4g}, tolerance {divergence.tolerance} for {target.dtype}"
     )
     return divergence

@@ -1,7 +1,12 @@
-"""Where a speculative output departs from target-only, was it a near-tie of the target's top two logits?"""
+"""Where a speculative output departs from target-only, was it a near-tie of the target's top two logits?
+
+Scoring k + 1 positions in one pass may round differently from one position at a time (bfloat16,
+batching, GPU kernels), so greedy outputs may legitimately part at a near-tie, and nowhere else.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -9,30 +14,84 @@ import torch
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence
 
-# The largest top-2 logit margin still called a near-tie: a few ulps of the dtype at |logit| ~ 20.
-NEAR_TIE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.05}
+NEAR_TIE_TOLERANCE: dict[torch.dtype, float] = {
+    # 8 significant bits: one ulp at |logit| 16..32 is 0.125; 0.5 is a few ulps of rounding noise
+    torch.bfloat16: 0.5,
+    torch.float16: 0.1,  # 11 significant bits
+    torch.float32: 1e-3,  # reduction-order noise is ~1e-5 at these magnitudes
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
-    position: int  # index into the generated tokens
-    margin: float  # target's top-1 minus top-2 logit there, from a one-token-at-a-time pass
-    near_tie: bool
+    position: int  # index into the generated tokens of the first difference
+    reference_token_id: int | None  # None where the reference ended
+    candidate_token_id: int | None
+    top2_margin: float  # top-1 minus top-2 target logit there
+    reference_gap: float  # max logit minus the reference token's logit
+    candidate_gap: float
+    tolerance: float
+
+    @property
+    def near_tie(self) -> bool:
+        return self.reference_gap <= self.tolerance and self.candidate_gap <= self.tolerance
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "position": self.position,
+            "tokens": [self.reference_token_id, self.candidate_token_id],
+            "top2_margin": round(self.top2_margin, 4),
+            "near_tie": self.near_tie,
+        }
 
 
-def first_divergence(
-    target: LoadedModel, prompt_token_ids: list[int], reference: list[int], other: list[int]
-) -> Divergence | None:
-    """None when `other` equals `reference` over their common length."""
-    position = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
-    if position is None:
-        return None
-    sequence = CachedSequence(target.model, prompt_token_ids + reference[:position])
+def first_difference(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
+    """The first index where the sequences differ or one ends; None if equal."""
+    for i, (a, b) in enumerate(zip(reference, candidate)):
+        if a != b:
+            return i
+    return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
+
+
+@torch.inference_mode()
+def reference_logits(target: LoadedModel, prompt_token_ids: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
+    """float32 logits [vocab] after prompt + generated, computed as target-only decoding does: the
+    prompt but its last token in one pass, then one token per pass."""
     num_prompt = len(prompt_token_ids)
-    if num_prompt > 1:  # the same passes as target-only decoding: prefill, then one token per pass
+    sequence = CachedSequence(target.model, list(prompt_token_ids) + list(generated))
+    if num_prompt > 1:
         sequence.feed(1, upto=num_prompt - 1)
     for end in range(num_prompt, len(sequence.token_ids) + 1):
         logits = sequence.feed(1, upto=end)  # [1, vocab]
-    top2 = logits[-1].float().topk(2).values
-    margin = float(top2[0] - top2[1])
-    return Divergence(position, margin, margin <= NEAR_TIE.get(target.dtype, 1e-3))
+    return logits[-1].float()
+
+
+def first_divergence(
+    target: LoadedModel,
+    prompt_token_ids: Sequence[int],
+    reference: Sequence[int],
+    candidate: Sequence[int],
+    tolerance: float | None = None,
+) -> Divergence | None:
+    """None when equal; else the target's view of the first differing position."""
+    position = first_difference(reference, candidate)
+    if position is None:
+        return None
+    reference_token = reference[position] if position < len(reference) else None
+    candidate_token = candidate[position] if position < len(candidate) else None
+    logits = reference_logits(target, prompt_token_ids, reference[:position])
+    top2 = logits.topk(2).values
+    top = float(top2[0])
+
+    def gap(token: int | None) -> float:  # a missing token (one output ended) is no tie at all
+        return float("inf") if token is None else top - float(logits[token])
+
+    return Divergence(
+        position,
+        reference_token,
+        candidate_token,
+        top - float(top2[1]),
+        gap(reference_token),
+        gap(candidate_token),
+        NEAR_TIE_TOLERANCE.get(target.dtype, 1e-3) if tolerance is None else tolerance,
+    )

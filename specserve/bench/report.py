@@ -9,6 +9,7 @@ COLUMNS = (
     ("tok/s", "tokens_per_second", "{:.2f}"),
     ("speedup", "speedup_vs_target", "{:.2f}x"),
     ("accept", "acceptance_rate", "{:.3f}"),
+    ("alpha", "per_token_acceptance", "{:.3f}"),
     ("acc/round", "mean_accepted_per_round", "{:.2f}"),
     ("tok/round", "mean_acceptance_length", "{:.2f}"),
     ("c", "c", "{:.3f}"),
@@ -16,6 +17,8 @@ COLUMNS = (
     ("theory", "theoretical_speedup", "{:.2f}x"),
     ("efficiency", "efficiency", "{:.0%}"),
     ("identical", "identical_to_target_only", "{}"),
+    ("wire ms/round", "transport_ms_per_round", "{:.1f}"),
+    ("vs in-process", "served_vs_in_process", "{:.0%}"),
 )
 
 
@@ -29,7 +32,8 @@ def format_table(summary: dict[str, Any]) -> str:
     notes = [
         f"speedup: against the fastest target-only mode ({summary['baseline']}); "
         f"one target pass over 1 token = {summary['target_step_ms']} ms",
-        "theory: (1 - a^(k+1)) / ((1 - a)(k c + v_k)) from the measured a, c, v_k; "
+        "accept = accepted / proposed; alpha = accepted / (accepted + rejections), per examined draft",
+        "theory: (1 - alpha^(k+1)) / ((1 - alpha)(k c + v_k)) from the measured alpha, c, v_k; "
         "efficiency = speedup over target-only with the same target / theory",
     ]
     return "\n".join(lines + [""] + notes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +37,13 @@ class BenchConfig:
     draft_quantization: str = "auto"
     hf_ks: tuple[int, ...] = (4,)
     """Peer modes with a constant window; the peer also runs once with its own defaults."""
+    hf: bool = True
+    """Run the peer (Hugging Face assisted generation)."""
     hf_fp32_draft: bool = True
-    """Also run the peer with an unquantized float32 draft, in case it prefers that."""
+    """Also run the peer and specserve with an unquantized float32 draft, in case it is faster."""
+    served: bool = False
+    """Also run the served stack (draft and target services in child processes, orchestrators here),
+    pipelined and not, with the same models."""
     ignore_eos: bool = True
     """Generate exactly max_tokens in every mode, so all modes do the same work."""
 
@@ -51,7 +57,7 @@ class BenchConfig:
 @dataclass(slots=True)
 class ModeResult:
     name: str
-    kind: str  # "target-only" | "speculative" | "peer"
+    kind: str  # "target-only" | "speculative" | "peer" | "served"
     k: int
     settings: str
     num_tokens: int = 0
@@ -69,18 +75,27 @@ class ModeResult:
         total.num_proposed += stats.num_proposed
         total.num_accepted += stats.num_accepted
         total.num_rounds += stats.num_rounds
+        total.num_rejections += stats.num_rejections
         total.draft_s += stats.draft_s
         total.target_s += stats.target_s
         total.prefill_s += stats.prefill_s
+        total.transport_s += stats.transport_s
 
 
-Runner = Callable[[list[int]], tuple[list[int], float, SpeculationStats | None, int]]
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    text: str
+    token_ids: list[int]
+
+
+RunOutput = tuple[list[int], float, SpeculationStats | None, int]  # tokens, seconds, stats, peer target passes
+Runner = Callable[[Prompt], RunOutput]
 
 
 def _ours(engine: SpeculativeEngine, k: int, cfg: BenchConfig) -> Runner:
-    def run(prompt: list[int]) -> tuple[list[int], float, SpeculationStats | None, int]:
+    def run(prompt: Prompt) -> RunOutput:
         request = GenerationRequest(
-            prompt_token_ids=tuple(prompt), max_tokens=cfg.max_tokens, num_speculative_tokens=k,
+            prompt_token_ids=tuple(prompt.token_ids), max_tokens=cfg.max_tokens, num_speculative_tokens=k,
             ignore_eos=cfg.ignore_eos,
         )  # fmt: skip
         result = engine.generate(request)
@@ -90,8 +105,8 @@ def _ours(engine: SpeculativeEngine, k: int, cfg: BenchConfig) -> Runner:
 
 
 def _peer(target: LoadedModel, draft: LoadedModel | None, k: int | None, cfg: BenchConfig) -> Runner:
-    def run(prompt: list[int]) -> tuple[list[int], float, SpeculationStats | None, int]:
-        out = hf_generate(target, draft, prompt, cfg.max_tokens, k, cfg.ignore_eos)
+    def run(prompt: Prompt) -> RunOutput:
+        out = hf_generate(target, draft, prompt.token_ids, cfg.max_tokens, k, cfg.ignore_eos)
         return out.token_ids, out.seconds, None, out.num_target_passes
 
     return run
@@ -106,48 +121,61 @@ def humaneval_prompts(num_prompts: int) -> list[str]:
 
 def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
     torch.manual_seed(0)
-    target = load_model(ModelConfig(cfg.target, dtype=cfg.target_dtype), home)
-    draft = load_model(ModelConfig(cfg.draft, quantization=cfg.draft_quantization), home)
-    engine = SpeculativeEngine(target, draft)
+    target_config = ModelConfig(cfg.target, dtype=cfg.target_dtype)
+    draft_config = ModelConfig(cfg.draft, quantization=cfg.draft_quantization)
+    target, draft = load_model(target_config, home), load_model(draft_config, home)
+    texts = humaneval_prompts(cfg.num_prompts)
+    prompts = [Prompt(t, target.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    with ExitStack() as stack:
+        modes = _modes(cfg, target, draft, home)
+        if cfg.served:
+            from specserve.bench.served import ServedStack
+
+            served = stack.enter_context(ServedStack(target_config, draft_config))
+            settings = f"target {_dtype(target)}, draft {_dtype(draft)}, over gRPC"
+            modes.append((ModeResult("served target-only", "served", 0, settings), served.runner(0, True, cfg)))
+            for k in cfg.ks:
+                for pipelined in (True, False):
+                    name = f"served k={k}" + ("" if pipelined else " unpipelined")
+                    modes.append((ModeResult(name, "served", k, settings), served.runner(k, pipelined, cfg)))
+        for _, runner in modes:  # warm-up: first calls pay one-off allocation and kernel selection
+            runner(Prompt(prompts[0].text[:48], prompts[0].token_ids[:16]))
+        _measure(prompts, modes)
+    return summarize(cfg, target, [p.token_ids for p in prompts], [m for m, _ in modes])
+
+
+def _modes(
+    cfg: BenchConfig, target: LoadedModel, draft: LoadedModel, home: Path | None
+) -> list[tuple[ModeResult, Runner]]:
     modes: list[tuple[ModeResult, Runner]] = []
-    baselines: dict[str, SpeculativeEngine] = {}
     for dtype in cfg.baseline_dtypes:
-        model = target if ModelConfig(cfg.target, dtype=dtype).resolve_dtype(target.device) == target.dtype else None
-        baselines[dtype] = SpeculativeEngine(model or load_model(ModelConfig(cfg.target, dtype=dtype), home), None)
-        modes.append(
-            (ModeResult(f"target-only {dtype}", "target-only", 0, f"target {dtype}"), _ours(baselines[dtype], 0, cfg))
-        )
+        same = ModelConfig(cfg.target, dtype=dtype).resolve_dtype(target.device) == target.dtype
+        baseline = SpeculativeEngine(target if same else load_model(ModelConfig(cfg.target, dtype=dtype), home), None)
+        modes.append((ModeResult(f"target-only {dtype}", "target-only", 0, f"target {dtype}"), _ours(baseline, 0, cfg)))
     settings = f"target {_dtype(target)}, draft {_dtype(draft)}"
+    engine = SpeculativeEngine(target, draft)
     for k in cfg.ks:
         modes.append((ModeResult(f"specserve k={k}", "speculative", k, settings), _ours(engine, k, cfg)))
-    modes.append(
-        (ModeResult("hf target-only", "target-only", 0, f"target {_dtype(target)}"), _peer(target, None, None, cfg))
-    )
-    for k in cfg.hf_ks:
-        modes.append((ModeResult(f"hf assisted k={k}", "peer", k, settings), _peer(target, draft, k, cfg)))
-    modes.append(
-        (ModeResult("hf assisted default", "peer", 20, settings + ", HF defaults"), _peer(target, draft, None, cfg))
-    )
+    if cfg.hf:
+        target_only = f"target {_dtype(target)}"
+        modes.append((ModeResult("hf target-only", "target-only", 0, target_only), _peer(target, None, None, cfg)))
+        for k in cfg.hf_ks:
+            modes.append((ModeResult(f"hf assisted k={k}", "peer", k, settings), _peer(target, draft, k, cfg)))
+        defaults = ModeResult("hf assisted default", "peer", 20, settings + ", HF defaults")
+        modes.append((defaults, _peer(target, draft, None, cfg)))
     if cfg.hf_fp32_draft:
         fp32_draft = load_model(ModelConfig(cfg.draft, dtype="float32", quantization="none"), home)
-        fp32_settings = f"target {_dtype(target)}, draft {_dtype(fp32_draft)}"
-        for k in cfg.hf_ks:
-            modes.append(
-                (
-                    ModeResult(f"hf assisted k={k} fp32 draft", "peer", k, fp32_settings),
-                    _peer(target, fp32_draft, k, cfg),
-                )
-            )
-        modes.append(
-            (
-                ModeResult("specserve k=4 fp32 draft", "speculative", 4, fp32_settings),
-                _ours(SpeculativeEngine(target, fp32_draft), 4, cfg),
-            )
-        )
+        fp32 = f"target {_dtype(target)}, draft {_dtype(fp32_draft)}"
+        for k in cfg.hf_ks if cfg.hf else ():
+            peer = _peer(target, fp32_draft, k, cfg)
+            modes.append((ModeResult(f"hf assisted k={k} fp32 draft", "peer", k, fp32), peer))
+        ours = _ours(SpeculativeEngine(target, fp32_draft), 4, cfg)
+        modes.append((ModeResult("specserve k=4 fp32 draft", "speculative", 4, fp32), ours))
+    return modes
 
-    prompts = [target.tokenizer(p, add_special_tokens=False)["input_ids"] for p in humaneval_prompts(cfg.num_prompts)]
-    for _, runner in modes:  # warm-up: first calls pay one-off allocation and kernel selection
-        runner(prompts[0][:16])
+
+def _measure(prompts: list[Prompt], modes: list[tuple[ModeResult, Runner]]) -> None:
+    """Every mode on every prompt, interleaved per prompt so drifts of a shared machine hit all alike."""
     with tqdm(total=len(prompts) * len(modes), desc="bench", unit="run") as bar:
         for prompt in prompts:
             for mode, runner in modes:
@@ -160,7 +188,6 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
                     mode.add_stats(stats)
                 bar.set_postfix_str(f"{mode.name}: {len(token_ids) / seconds:.2f} tok/s")
                 bar.update()
-    return summarize(cfg, target, prompts, [m for m, _ in modes])
 
 
 def _dtype(loaded: LoadedModel) -> str:
@@ -185,15 +212,17 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
             "tokens_per_second": round(mode.tokens_per_second, 3),
             "speedup_vs_target": round(mode.tokens_per_second / fastest.tokens_per_second, 3),
         }
-        if mode.kind == "speculative":
+        if mode.kind in ("speculative", "served") and mode.k > 0:
             s = mode.stats
-            alpha = s.acceptance_rate
+            alpha = s.per_token_acceptance
             c = (s.draft_s / s.num_proposed) / target_step
             v_k = (s.target_s / s.num_rounds) / target_step
             theory = expected_speedup(alpha, mode.k, c, v_k)
             speedup_same_target = mode.tokens_per_second / reference.tokens_per_second
             row.update(
-                acceptance_rate=round(alpha, 4),
+                acceptance_rate=round(s.acceptance_rate, 4),
+                per_token_acceptance=round(alpha, 4),
+                length_bound=round(s.mean_acceptance_length / (mode.k * c + v_k), 3),
                 mean_accepted_per_round=round(s.mean_accepted_per_round, 3),
                 mean_acceptance_length=round(s.mean_acceptance_length, 3),
                 draft_step_ms=round(1000 * s.draft_s / s.num_proposed, 1),
@@ -204,6 +233,11 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
                 speedup_vs_same_target=round(speedup_same_target, 3),
                 efficiency=round(speedup_same_target / theory, 3),
             )
+        if mode.kind == "served" and mode.stats.num_rounds:
+            row["transport_ms_per_round"] = round(1000 * mode.stats.transport_s / mode.stats.num_rounds, 2)
+            in_process = next((m for m in modes if m.kind == "speculative" and m.k == mode.k), None)
+            if in_process is not None and mode.k:
+                row["served_vs_in_process"] = round(mode.tokens_per_second / in_process.tokens_per_second, 3)
         elif mode.kind == "peer" and mode.num_target_passes:
             # assisted generation verifies its first window in the prefill pass: every pass is a round
             row["mean_acceptance_length"] = round(mode.num_tokens / mode.num_target_passes, 3)
@@ -224,8 +258,6 @@ def _lossless(target: LoadedModel, prompts: list[list[int]], reference: ModeResu
         if ref == out:
             identical += 1
             continue
-        d = first_divergence(target, prompt, ref, out)
-        divergences.append(
-            None if d is None else {"position": d.position, "margin": round(d.margin, 4), "near_tie": d.near_tie}
-        )
+        divergence = first_divergence(target, prompt, ref, out)
+        divergences.append(divergence.to_dict() if divergence else None)
     return {"identical_to_target_only": f"{identical}/{len(prompts)}", "divergences": divergences}

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from specserve.core.stats import SpeculationStats
-from specserve.core.types import Drafter, Proposal, SamplingParams, Verifier
+from specserve.core.types import Drafter, Proposal, SamplingParams, Verdict, Verifier
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -38,12 +38,16 @@ class GenerationResult:
 
 
 class SpeculativeDecoder:
-    """One request's loop. `rounds()` yields the token ids each round emits, already stop-trimmed."""
+    """One request's state: what to draft next (`next_k`), what a verified round emits (`apply`).
+
+    `rounds()` drives it synchronously with the given drafter and verifier, yielding the tokens each
+    round emits; drivers of their own (the pipelined orchestrator) pass None for both.
+    """
 
     def __init__(
         self,
         drafter: Drafter | None,
-        verifier: Verifier,
+        verifier: Verifier | None,
         *,
         num_prompt_tokens: int,
         k: int,
@@ -56,7 +60,7 @@ class SpeculativeDecoder:
     ) -> None:
         if k < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {k}")
-        if k > 0 and drafter is None:
+        if k > 0 and drafter is None and verifier is not None:
             raise ValueError("num_speculative_tokens > 0 needs a draft model")
         if stop.stop and decode is None:
             raise ValueError("stop strings need a decode function")
@@ -70,16 +74,39 @@ class SpeculativeDecoder:
         self._num_text_emitted = 0
 
     def rounds(self) -> Iterator[list[int]]:
-        result = self.result
-        while result.finish_reason is None:
-            room = min(self.stop.max_tokens - len(result.token_ids), self.max_context - self.context_length)
-            if room <= 0:
-                self._finish("length")
-                break
-            emitted = self._round(min(self.k, room - 1))
-            result.stats.observe_emitted(len(emitted), time.perf_counter() - self.started_at)
+        """The synchronous driver: one propose and one verify per round."""
+        assert self.verifier is not None, "rounds() needs a verifier"
+        while (k := self.next_k()) is not None:
+            t0 = time.perf_counter()
+            proposal = self.drafter.propose(k, self.sampling) if k > 0 and self.drafter else Proposal([])
+            t1 = time.perf_counter()
+            verdict = self.verifier.verify(proposal, self.sampling)
+            t2 = time.perf_counter()
+            if self.drafter is not None:
+                self.drafter.commit(self.context_length + verdict.num_accepted, verdict.token_ids[-1:])
+            emitted = self.apply(proposal, verdict, t1 - t0, t2 - t1)
             if emitted:
                 yield emitted
+
+    def next_k(self) -> int | None:
+        """The window for the next round (shrunk so nothing is drafted that could not be emitted),
+        or None when the request is finished."""
+        if self.result.finish_reason is not None:
+            return None
+        room = min(self.stop.max_tokens - len(self.result.token_ids), self.max_context - self.context_length)
+        if room <= 0:
+            self._finish("length")
+            return None
+        return min(self.k, room - 1)
+
+    def apply(self, proposal: Proposal, verdict: Verdict, draft_s: float, target_s: float) -> list[int]:
+        """Record one verified round; return the tokens it emits after EOS, length and stop-string trims."""
+        stats = self.result.stats
+        stats.observe_round(len(proposal.token_ids), verdict.num_accepted, draft_s, target_s)
+        self.context_length += len(verdict.token_ids)
+        emitted = self._emit(verdict.token_ids)
+        stats.observe_emitted(len(emitted), time.perf_counter() - self.started_at)
+        return emitted
 
     def text_delta(self) -> str:
         """Text that became final since the last call: whole characters, never the start of a stop string."""
@@ -99,18 +126,6 @@ class SpeculativeDecoder:
         for _ in self.rounds():
             pass
         return self.result
-
-    def _round(self, k: int) -> list[int]:
-        t0 = time.perf_counter()
-        proposal = self.drafter.propose(k, self.sampling) if k > 0 and self.drafter else Proposal([])
-        t1 = time.perf_counter()
-        verdict = self.verifier.verify(proposal, self.sampling)
-        t2 = time.perf_counter()
-        self.result.stats.observe_round(len(proposal.token_ids), verdict.num_accepted, t1 - t0, t2 - t1)
-        if self.drafter is not None:
-            self.drafter.commit(self.context_length + verdict.num_accepted, verdict.token_ids[-1:])
-        self.context_length += len(verdict.token_ids)
-        return self._emit(verdict.token_ids)
 
     def _emit(self, token_ids: list[int]) -> list[int]:
         """Append tokens, trimming at EOS, max_tokens and stop strings; return what was emitted."""

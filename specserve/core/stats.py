@@ -1,6 +1,9 @@
 """Per-request speculation statistics, filled by observe_*() as the loop runs.
 
-Conventions: `acceptance_rate` = accepted / proposed drafts. `mean_acceptance_length` counts the
+Conventions: `acceptance_rate` = accepted / proposed drafts (vLLM's draft acceptance rate; a draft after
+a rejection counts as proposed and not accepted). `per_token_acceptance` = accepted / (accepted +
+rejections): the probability that a draft the target examines is accepted, the alpha of the speedup
+formula. `mean_acceptance_length` counts the
 tokens one round emits, so it includes the recovered-or-bonus token (vLLM's convention) and is
 1.0 for target-only decoding; `mean_accepted_per_round` excludes it.
 """
@@ -18,6 +21,7 @@ class SpeculationStats:
     num_proposed: int = 0
     num_accepted: int = 0
     num_rounds: int = 0
+    num_rejections: int = 0  # rounds that stopped at a rejected draft
     accepted_at_position: list[int] = field(default_factory=list)  # [i] = rounds whose draft i was accepted
     proposed_at_position: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
@@ -25,6 +29,7 @@ class SpeculationStats:
     target_s: float = 0.0
     total_s: float = 0.0
     time_to_first_token_s: float = 0.0
+    transport_s: float = 0.0  # served stack: waiting on internal calls beyond the workers' compute
 
     def observe_prefill(self, num_prompt_tokens: int, seconds: float) -> None:
         self.num_prompt_tokens = num_prompt_tokens
@@ -34,6 +39,7 @@ class SpeculationStats:
         self.num_rounds += 1
         self.num_proposed += k
         self.num_accepted += num_accepted
+        self.num_rejections += num_accepted < k
         self.draft_s += draft_s
         self.target_s += target_s
         grow = k - len(self.proposed_at_position)
@@ -55,6 +61,11 @@ class SpeculationStats:
         return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
 
     @property
+    def per_token_acceptance(self) -> float:
+        examined = self.num_accepted + self.num_rejections
+        return self.num_accepted / examined if examined else 0.0
+
+    @property
     def mean_accepted_per_round(self) -> float:
         return self.num_accepted / self.num_rounds if self.num_rounds else 0.0
 
@@ -66,8 +77,33 @@ class SpeculationStats:
     def tokens_per_second(self) -> float:
         return self.num_generated / self.total_s if self.total_s > 0 else 0.0
 
+    def summary(self) -> dict[str, float]:
+        """The public figures, named as in the API (GenerationStats in protos/specserve.proto)."""
+        return {
+            "proposed": self.num_proposed,
+            "accepted": self.num_accepted,
+            "rejections": self.num_rejections,
+            "acceptance_rate": self.acceptance_rate,
+            "rounds": self.num_rounds,
+            "tokens_per_second": self.tokens_per_second,
+            "time_to_first_token_ms": self.time_to_first_token_s * 1000,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "prompt_tokens": self.num_prompt_tokens,
+            "generated_tokens": self.num_generated,
+            "draft_ms": self.draft_s * 1000,
+            "target_ms": self.target_s * 1000,
+            "total_ms": self.total_s * 1000,
+            "transport_ms": self.transport_s * 1000,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        for name in ("acceptance_rate", "mean_accepted_per_round", "mean_acceptance_length", "tokens_per_second"):
+        for name in (
+            "acceptance_rate",
+            "per_token_acceptance",
+            "mean_accepted_per_round",
+            "mean_acceptance_length",
+            "tokens_per_second",
+        ):
             out[name] = getattr(self, name)
         return out

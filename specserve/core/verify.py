@@ -73,6 +73,30 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Ten
     return logits.softmax(dim=-1)
 
 
+# A draft may sample from any distribution as long as the verifier uses exactly that one. Drafts
+# sample from their distribution cut to the top tokens holding this much mass and renormalised: the
+# rejection rule stays exact, and only the support (tens of tokens, not the vocabulary) goes on the wire.
+DRAFT_SUPPORT_MASS = 0.9999
+
+
+def truncate_support(probs: torch.Tensor, mass: float = DRAFT_SUPPORT_MASS) -> torch.Tensor:
+    """probs: [n, vocab] -> [n, vocab], each row cut to its smallest top set reaching `mass`, renormalised."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    keep_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) < mass  # the top token always stays
+    keep = keep_sorted.scatter(-1, order, keep_sorted)
+    kept = probs * keep
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def sparse_rows(probs: torch.Tensor) -> list[tuple[list[int], list[float]]]:
+    """probs: [n, vocab] -> per row, (token ids, probabilities) of its non-zero entries."""
+    rows = []
+    for row in probs:
+        token_ids = row.nonzero().squeeze(1)
+        rows.append((token_ids.tolist(), row[token_ids].tolist()))
+    return rows
+
+
 DRAFT_STREAM, TARGET_STREAM = 0, 1
 
 

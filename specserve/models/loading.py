@@ -163,6 +163,15 @@ def quantize_int8(model: PreTrainedModel, device: torch.device) -> PreTrainedMod
         return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
+def load_tokenizer(name: str, home: Path | None = None, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer alone (the orchestrator tokenizes and detokenizes; it holds no weights)."""
+    preset = get_preset(name)
+    if preset is not None and isinstance(preset.source, TinySpec):
+        return tiny.build_tokenizer()
+    directory = ensure_converted(preset, home or default_home()) if preset is not None else name
+    return AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
+
+
 def _build_tiny(spec: TinySpec) -> PreTrainedModel:
     base = None
     if spec.derived_from is not None:

@@ -5,6 +5,15 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specserve.models.loading import LoadedModel
+
+
+def check_token_ids(token_ids: list[int], loaded: LoadedModel, field: str) -> None:
+    """Raise ValueError naming the field when an id is outside the model's vocabulary."""
+    bad = [t for t in token_ids if not 0 <= t < loaded.vocab_size]
+    if bad:
+        raise ValueError(f"{field}: token ids must be in [0, {loaded.vocab_size}), got {bad[:5]}")
+
 
 class CachedSequence:
     """Tokens 0..num_cached-1 are in the KV cache; the rest are pending until the next feed()."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -10,6 +12,7 @@ from specserve.models.registry import TinySpec
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 NUM_BYTES = 256
+_BUILD_LOCK = threading.Lock()
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -66,12 +69,15 @@ def build_model(spec: TinySpec, base: Qwen2ForCausalLM | None = None) -> Qwen2Fo
         pad_token_id=NUM_BYTES,
         dtype="float32",
     )
-    torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM(config)
+    # the global RNG, seeded, under a lock and restored after: servers build models in threads at once
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = Qwen2ForCausalLM(config)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() > 1:  # sharper than the default init, so greedy text is not one token repeated
+                    param.normal_(0.0, 0.2 if param.shape[-1] == spec.hidden_size else 0.1)
     with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:  # sharper than the default init, so greedy text is not one token repeated
-                param.normal_(0.0, 0.2 if param.shape[-1] == spec.hidden_size else 0.1)
         for name, param in model.named_parameters():
             # later layers write little to the residual stream, so a draft made of the first layer agrees often
             if not name.startswith("model.layers.0.") and name.endswith(("o_proj.weight", "down_proj.weight")):

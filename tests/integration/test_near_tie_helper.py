@@ -1,13 +1,15 @@
-"""The near-tie check in tests/helpers.py, on the tiny target: it passes equal outputs, explains
-nothing it should not, and its reference pass reproduces target-only greedy decoding."""
+"""The near-tie check (specserve.bench.lossless, asserted by tests/helpers.py) on the tiny target:
+it passes equal outputs, explains nothing it should not, and its reference pass reproduces
+target-only greedy decoding."""
 
 from __future__ import annotations
 
 import pytest
 
+from specserve.bench.lossless import first_difference, reference_logits
 from specserve.config import GenerationRequest
 from specserve.engine import SpeculativeEngine
-from tests.helpers import assert_divergence_is_near_tie, first_divergence, reference_logits
+from tests.helpers import assert_divergence_is_near_tie
 
 PROMPT = "def f("
 
@@ -18,10 +20,10 @@ def baseline(engine: SpeculativeEngine) -> tuple[list[int], list[int]]:
     return engine.tokenize(request), engine.generate(request).token_ids
 
 
-def test_first_divergence() -> None:
-    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
-    assert first_divergence([1, 2], [1, 2, 3]) == 2
+def test_first_difference() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
 
 
 def test_reference_pass_reproduces_greedy_decoding(engine: SpeculativeEngine, baseline) -> None:  # type: ignore[no-untyped-def]

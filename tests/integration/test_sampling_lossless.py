@@ -51,9 +51,8 @@ def exact_joint(tiny_target: LoadedModel) -> dict[tuple[int, ...], float]:
 def sampled_joint(engine: SpeculativeEngine, num_runs: int, k: int) -> Counter[tuple[int, ...]]:
     counts: Counter[tuple[int, ...]] = Counter()
     for run in range(num_runs):
-        # even seeds only: the target session uses seed + 1, so consecutive seeds would hand one run's
-        # target stream to the next run's draft and the runs would not be independent samples
-        sampling = SamplingParams(temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, seed=2 * run)
+        # seeds map to disjoint draft and target streams (core.verify.make_generator): runs are independent
+        sampling = SamplingParams(temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, seed=run)
         request = GenerationRequest(prompt=PROMPT, max_tokens=NUM_TOKENS, sampling=sampling, num_speculative_tokens=k)
         result = engine.generate(request)
         assert len(result.token_ids) == NUM_TOKENS, result  # the tiny target gives no EOS in its top 3 here

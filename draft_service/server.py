@@ -1,0 +1,34 @@
+"""The draft gRPC server: `python -m draft_service --model NAME --port N`, or serve() from code."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from draft_service.servicer import DraftServicer
+from draft_service.worker import DraftWorker
+from protos import specserve_pb2 as pb
+from specserve.config import WorkerServiceConfig
+from specserve.models.loading import load_model
+from specserve.rpc import serve_worker
+
+SERVICE = pb.DESCRIPTOR.services_by_name["DraftService"]
+
+
+async def serve(
+    config: WorkerServiceConfig,
+    on_listening: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    def make_worker() -> DraftWorker:
+        return DraftWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s)
+
+    await serve_worker(
+        DraftServicer(),
+        SERVICE,
+        make_worker,
+        config.host,
+        config.port,
+        on_listening,
+        stop,
+    )

@@ -1,0 +1,1 @@
+"""The orchestrator: the speculative loop over remote draft and target services, pipelined."""

@@ -1,0 +1,114 @@
+"""Async clients of the internal DraftService and TargetService. Every call has a deadline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from protos import convert
+from protos import specserve_pb2 as pb
+from protos import specserve_pb2_grpc as pb_grpc
+from specserve.core.types import Proposal, SamplingParams, Verdict
+from specserve.rpc import server_options
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """Seconds allowed per internal call."""
+
+    prefill_s: float = 120.0  # long prompts on slow hardware
+    round_s: float = 30.0  # one propose or verify
+    control_s: float = 5.0  # info, release
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    model: str
+    tokenizer_fingerprint: str
+    vocab_size: int
+    max_context: int
+    eos_token_ids: frozenset[int]
+
+
+class _WorkerClient:
+    def __init__(self, address: str, deadlines: Deadlines) -> None:
+        self.address = address
+        self.deadlines = deadlines
+        self.channel = grpc.aio.insecure_channel(address, options=server_options())
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class DraftClient(_WorkerClient):
+    def __init__(self, address: str, deadlines: Deadlines = Deadlines()) -> None:
+        super().__init__(address, deadlines)
+        self.stub = pb_grpc.DraftServiceStub(self.channel)
+
+    async def model_info(self) -> ModelInfo:
+        return _model_info(await self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.deadlines.control_s))
+
+    async def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None) -> None:
+        request = pb.PrefillRequest(session_id=session_id, prompt_token_ids=prompt_token_ids, seed=seed)
+        await self.stub.Prefill(request, timeout=self.deadlines.prefill_s)
+
+    async def propose(
+        self,
+        session_id: str,
+        num_kept: int,
+        new_token_ids: list[int],
+        k: int,
+        sampling: SamplingParams,
+        vocab_size: int,
+    ) -> Proposal:
+        request = pb.ProposeRequest(
+            session_id=session_id,
+            num_kept=num_kept,
+            new_token_ids=new_token_ids,
+            k=k,
+            sampling=convert.sampling_to_proto(sampling),
+        )
+        response = await self.stub.Propose(request, timeout=self.deadlines.round_s)
+        probs = response.probs if response.HasField("probs") else None
+        return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size), response.compute_ms / 1000
+
+    async def release(self, session_id: str) -> None:
+        await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=self.deadlines.control_s)
+
+
+class TargetClient(_WorkerClient):
+    def __init__(self, address: str, deadlines: Deadlines = Deadlines()) -> None:
+        super().__init__(address, deadlines)
+        self.stub = pb_grpc.TargetServiceStub(self.channel)
+
+    async def model_info(self) -> ModelInfo:
+        return _model_info(await self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.deadlines.control_s))
+
+    async def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None) -> None:
+        request = pb.PrefillRequest(session_id=session_id, prompt_token_ids=prompt_token_ids, seed=seed)
+        await self.stub.Prefill(request, timeout=self.deadlines.prefill_s)
+
+    async def verify(self, session_id: str, proposal: Proposal, sampling: SamplingParams) -> tuple[Verdict, float]:
+        """(verdict, seconds the target computed)."""
+        request = pb.VerifyRequest(
+            session_id=session_id,
+            draft_token_ids=proposal.token_ids,
+            draft_probs=convert.probs_to_proto(proposal.probs),
+            sampling=convert.sampling_to_proto(sampling),
+        )
+        response = await self.stub.Verify(request, timeout=self.deadlines.round_s)
+        return convert.verdict_from_proto(response), response.compute_ms / 1000
+
+    async def release(self, session_id: str) -> None:
+        await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=self.deadlines.control_s)
+
+
+def _model_info(message: pb.ModelInfoResponse) -> ModelInfo:
+    return ModelInfo(
+        message.model,
+        message.tokenizer_fingerprint,
+        message.vocab_size,
+        message.max_context,
+        frozenset(message.eos_token_ids),
+    )

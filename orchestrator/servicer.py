@@ -1,0 +1,63 @@
+"""The public Orchestrator service: Generate, GenerateStream, GetServerInfo."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from orchestrator.service import Orchestrator
+from protos import convert
+from protos import specserve_pb2 as pb
+from protos import specserve_pb2_grpc as pb_grpc
+from specserve import __version__
+from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
+from specserve.rpc import stream_errors, unary_errors
+
+
+class OrchestratorServicer(pb_grpc.OrchestratorServicer):
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orchestrator = orchestrator
+
+    @unary_errors
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+        remote = self.orchestrator.start(convert.generation_request_from_proto(request))
+        async for _ in remote.stream():
+            pass
+        result = remote.decoder.result
+        return pb.GenerateResponse(
+            text=result.text,
+            token_ids=result.token_ids,
+            finish_reason=result.finish_reason or "",
+            stats=convert.stats_to_proto(result.stats),
+        )
+
+    @stream_errors
+    async def GenerateStream(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateChunk]:
+        remote = self.orchestrator.start(convert.generation_request_from_proto(request))
+        async for chunk in remote.stream():
+            result = chunk.decoder.result
+            final = result.finish_reason is not None and not chunk.token_ids
+            yield pb.GenerateChunk(
+                text=chunk.text,
+                token_ids=chunk.token_ids,
+                finish_reason=result.finish_reason if final else "",
+                stats=convert.stats_to_proto(result.stats) if final else None,
+            )
+
+    @unary_errors
+    async def GetServerInfo(
+        self, request: pb.ServerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerInfoResponse:
+        o = self.orchestrator
+        return pb.ServerInfoResponse(
+            version=__version__,
+            target_model=o.target_info.model,
+            draft_model=o.draft_info.model if o.draft_info else "",
+            tokenizer_fingerprint=o.target_info.tokenizer_fingerprint,
+            default_num_speculative_tokens=o.default_k,
+            max_num_speculative_tokens=MAX_NUM_SPECULATIVE_TOKENS,
+            max_context=o.target_info.max_context,
+        )

@@ -1,0 +1,104 @@
+"""The served stack for `specserve bench --served`: draft and target services in child processes, a
+pipelined and an unpipelined orchestrator over them in this process, called through the gRPC client."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+from specserve.core.stats import SpeculationStats
+from specserve.launcher import LocalStackConfig, free_port, worker_processes
+from specserve.models.loading import ModelConfig
+
+if TYPE_CHECKING:
+    from specserve.bench.runner import BenchConfig, Prompt, Runner, RunOutput
+
+
+class ServedStack:
+    def __init__(self, target: ModelConfig, draft: ModelConfig) -> None:
+        self.config = LocalStackConfig(target, draft)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="served-bench", daemon=True)
+        self.exits = ExitStack()
+        self.stop: asyncio.Event | None = None
+        self.addresses: dict[bool, str] = {}  # pipelined -> orchestrator address
+        self.tasks: list[asyncio.Future[None]] = []
+
+    def __enter__(self) -> ServedStack:
+        from orchestrator.client import SpecServeClient
+        from orchestrator.server import serve
+        from orchestrator.service import OrchestratorConfig
+
+        workers = self.exits.enter_context(worker_processes(self.config))
+        self.thread.start()
+        self.stop = asyncio.run_coroutine_threadsafe(_event(), self.loop).result()
+        for pipelined in (True, False):
+            port = free_port()
+            config = OrchestratorConfig(workers["target"], workers["draft"], 4, pipelined, port=port)
+            self.tasks.append(asyncio.run_coroutine_threadsafe(serve(config, stop=self.stop), self.loop))
+            self.addresses[pipelined] = f"127.0.0.1:{port}"
+        self.clients = {p: SpecServeClient(a) for p, a in self.addresses.items()}
+        for client in self.clients.values():  # the orchestrators listen once both workers have loaded
+            _wait_for(client, self.tasks)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for client in getattr(self, "clients", {}).values():
+            client.close()
+        if self.stop is not None:
+            self.loop.call_soon_threadsafe(self.stop.set)
+        for task in self.tasks:
+            try:
+                task.result(30)
+            except Exception:  # noqa: BLE001 - teardown goes on
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.exits.close()
+
+    def runner(self, k: int, pipelined: bool, cfg: BenchConfig) -> Runner:
+        client = self.clients[pipelined]
+
+        def run(prompt: Prompt) -> RunOutput:
+            started = time.perf_counter()
+            response = client.generate(
+                prompt.text, max_tokens=cfg.max_tokens, num_speculative_tokens=k, ignore_eos=cfg.ignore_eos
+            )
+            seconds = time.perf_counter() - started
+            s = response.stats
+            stats = SpeculationStats(
+                num_proposed=s.proposed,
+                num_accepted=s.accepted,
+                num_rounds=s.rounds,
+                num_rejections=s.rejections,
+                draft_s=s.draft_ms / 1000,
+                target_s=s.target_ms / 1000,
+                transport_s=s.transport_ms / 1000,
+            )
+            return list(response.token_ids), seconds, stats, 0
+
+        return run
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+def _wait_for(client: object, tasks: list[asyncio.Future[None]], timeout_s: float = 900.0) -> None:
+    import grpc
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for task in tasks:
+            if task.done():
+                task.result()  # an orchestrator failed: raise its error
+        try:
+            client.info()  # type: ignore[attr-defined]
+            return
+        except grpc.RpcError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)

@@ -1,0 +1,257 @@
+"""gRPC plumbing shared by the three servers: one exception -> status mapping, health, reflection,
+message-size limits, graceful stop. Knows grpc, not the specserve protos."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError
+from google.protobuf.message_factory import GetMessageClass
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specserve.models.tokenizers import TokenizerMismatchError
+from specserve.sessions import SessionNotFoundError
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 8 << 20  # a round's payload is O(k); anything near this is an error or an attack
+T = TypeVar("T")
+
+
+class OverloadedError(RuntimeError):
+    """The server is at capacity; the caller should retry later."""
+
+
+class UnavailableError(RuntimeError):
+    """The server cannot answer yet (model loading) or any more (shutting down)."""
+
+
+def status_for(error: BaseException) -> grpc.StatusCode:
+    """The one mapping from exceptions to status codes."""
+    if isinstance(error, SessionNotFoundError):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(error, TokenizerMismatchError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(error, (ValueError, UnicodeError)):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, OverloadedError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(error, UnavailableError):
+        return grpc.StatusCode.UNAVAILABLE
+    if isinstance(error, grpc.aio.AioRpcError):  # an internal call failed: say which way
+        transient = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        return grpc.StatusCode.UNAVAILABLE if error.code() in transient else grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: Exception, method: str) -> None:
+    code = status_for(error)
+    if code == grpc.StatusCode.INTERNAL:
+        logger.exception("%s failed", method)  # unexpected: keep the traceback
+    if isinstance(error, grpc.aio.AioRpcError):
+        message = f"an internal service failed: {error.code().name}: {error.details()}"
+    else:
+        message = str(error) or type(error).__name__
+    await context.abort(code, message)
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedRequest:
+    """What the tolerant deserializer hands a handler instead of raising: gRPC would answer UNKNOWN."""
+
+    reason: str
+
+
+def _check_parsed(request: Any) -> None:
+    if isinstance(request, MalformedRequest):
+        raise ValueError(f"malformed request: {request.reason}")
+
+
+def unary_errors(handler: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Turn exceptions raised by a unary handler into the mapped status, with the message."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        try:
+            _check_parsed(request)
+            return await handler(self, request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as error:  # noqa: BLE001 - mapped to a status, never lost
+            await _abort(context, error, handler.__qualname__)
+            raise AssertionError("unreachable: abort raises") from error
+
+    return wrapper
+
+
+def stream_errors(handler: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[T]:
+        try:
+            _check_parsed(request)
+            async for item in handler(self, request, context):
+                yield item
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as error:  # noqa: BLE001
+            await _abort(context, error, handler.__qualname__)
+
+    return wrapper
+
+
+class ModelExecutor:
+    """Runs model calls on one thread: the model is busy with one pass at a time, and the event loop
+    stays free for other RPCs meanwhile."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    async def timed(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+        """(result, seconds the call computed), the queueing before it excluded."""
+
+        def call() -> tuple[T, float]:
+            started = time.perf_counter()
+            return fn(*args), time.perf_counter() - started
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> None:
+    """Register `servicer`'s methods for `service` like the generated add_*_to_server, except that a
+    request that does not parse (bad UTF-8, garbage) reaches the handler as MalformedRequest, so it
+    is answered INVALID_ARGUMENT with the reason."""
+    handlers = {}
+    for method in service.methods:
+        parse = GetMessageClass(method.input_type).FromString
+        serialize = GetMessageClass(method.output_type).SerializeToString
+        kind = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = kind(
+            getattr(servicer, method.name), request_deserializer=_tolerant(parse), response_serializer=serialize
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as error:
+            return MalformedRequest(str(error))
+
+    return deserialize
+
+
+def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+class Server:
+    """A grpc.aio server with health (NOT_SERVING until `set_serving`) and reflection."""
+
+    def __init__(self, service_names: Sequence[str], max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.server = grpc.aio.server(options=server_options(max_message_bytes))
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names = list(service_names)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+        self.port = 0
+
+    def bind(self, host: str, port: int) -> str:
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"could not listen on {host}:{port}")
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def set_serving(self) -> None:
+        await self._set_all(health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace_s)
+
+    async def _set_all(self, status: int) -> None:
+        for name in ["", *self.service_names]:
+            result = self.health.set(name, status)
+            if asyncio.iscoroutine(result):
+                await result
+
+
+class WorkerServicer:
+    """Base of the draft and target servicers: the worker arrives once its model has loaded."""
+
+    executor_name = "model"
+
+    def __init__(self) -> None:
+        self.executor = ModelExecutor(self.executor_name)
+        self._worker: Any = None
+
+    def attach(self, worker: Any) -> None:
+        self._worker = worker
+
+    @property
+    def worker(self) -> Any:
+        if self._worker is None:
+            raise UnavailableError("the model is still loading; retry shortly")
+        return self._worker
+
+
+async def serve_worker(
+    servicer: WorkerServicer,
+    service: ServiceDescriptor,
+    make_worker: Callable[[], Any],
+    host: str,
+    port: int,
+    on_listening: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+    evict_every_s: float = 10.0,
+) -> None:
+    """Listen at once (health NOT_SERVING), load the model, serve until `stop` is set, then drain."""
+    service_name = service.full_name
+    server = Server([service_name])
+    add_service(server.server, servicer, service)
+    address = server.bind(host, port)
+    await server.start()
+    logger.info("%s listening on %s (loading the model)", service_name, address)
+    if on_listening is not None:
+        on_listening(address)
+    stop = stop or asyncio.Event()
+    try:
+        worker = await asyncio.to_thread(make_worker)
+        servicer.attach(worker)
+        await server.set_serving()
+        logger.info("%s serving on %s", service_name, address)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), evict_every_s)
+            except TimeoutError:
+                evicted = worker.sessions.evict_idle()
+                if evicted:
+                    logger.info("evicted %d idle sessions", len(evicted))
+    finally:
+        await server.stop()
+        servicer.executor.shutdown()

@@ -1,0 +1,34 @@
+"""The target gRPC server: `python -m target_service --model NAME --port N`, or serve() from code."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from protos import specserve_pb2 as pb
+from specserve.config import WorkerServiceConfig
+from specserve.models.loading import load_model
+from specserve.rpc import serve_worker
+from target_service.servicer import TargetServicer
+from target_service.worker import TargetWorker
+
+SERVICE = pb.DESCRIPTOR.services_by_name["TargetService"]
+
+
+async def serve(
+    config: WorkerServiceConfig,
+    on_listening: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    def make_worker() -> TargetWorker:
+        return TargetWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s)
+
+    await serve_worker(
+        TargetServicer(),
+        SERVICE,
+        make_worker,
+        config.host,
+        config.port,
+        on_listening,
+        stop,
+    )
