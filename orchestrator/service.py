@@ -70,6 +70,12 @@ class Orchestrator:
         """Validate and plan a request (raises ValueError on bad input); iterate .stream() to run it."""
         info = self.target_info
         prompt_token_ids = tokenize_request(self.tokenizer, request, info.max_context, info.vocab_size)
+        room = info.max_context - len(prompt_token_ids)
+        if request.max_tokens > room:  # the served API refuses up front, as OpenAI's does
+            raise ValueError(
+                f"max_tokens {request.max_tokens} does not fit: the prompt has {len(prompt_token_ids)} tokens "
+                f"and the context holds {info.max_context}, leaving {room}"
+            )
         plan = RequestPlan(
             prompt_token_ids=prompt_token_ids,
             k=resolve_k(request, self.default_k, self.draft is not None),

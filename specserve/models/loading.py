@@ -6,6 +6,7 @@ transformers dequantizes every GGUF tensor in Python on each load.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -127,6 +128,7 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
     model.eval()
     if quantization == "int8":
         model = quantize_int8(model, device)
+    gc.collect()  # conversion and quantization leave float32 copies in reference cycles; free them now
     loaded = LoadedModel(
         name=config.name,
         model=model,
@@ -160,7 +162,7 @@ def quantize_int8(model: PreTrainedModel, device: torch.device) -> PreTrainedMod
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch points eager quantization users to torchao
-        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
 def load_tokenizer(name: str, home: Path | None = None, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

@@ -93,6 +93,7 @@ BAD_REQUESTS = [
     ({"prompt": "x", "num_speculative_tokens": 33}, "num_speculative_tokens"),
     ({"prompt": "x", "num_speculative_tokens": -1}, "num_speculative_tokens"),
     ({"prompt": "x" * 600}, "context holds"),
+    ({"prompt": "x" * 500, "max_tokens": 40}, "does not fit"),
     ({"prompt": "x", "stop": [""]}, "stop strings"),
 ]
 
