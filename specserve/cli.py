@@ -170,7 +170,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
         ks=tuple(args.ks), target_dtype=args.target_dtype, draft_quantization=args.draft_quantization,
         baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_fp32_draft=not args.no_fp32_draft,
-        served=args.served,
+        served=args.served, address=args.address,
     )  # fmt: skip
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     summary = run_bench(cfg)
@@ -234,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face assisted-generation peer")
     bench.add_argument("--baseline-dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPES))
     bench.add_argument("--served", action="store_true", help="also measure the served stack over gRPC")
+    bench.add_argument("--address", help="also measure a running orchestrator at HOST:PORT (same models)")
     bench.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
 
     models = sub.add_parser("models", help="list presets; fetch or verify their weights")

@@ -44,6 +44,8 @@ class BenchConfig:
     served: bool = False
     """Also run the served stack (draft and target services in child processes, orchestrators here),
     pipelined and not, with the same models."""
+    address: str | None = None
+    """Also measure an already-running orchestrator at HOST:PORT (serving the same models)."""
     ignore_eos: bool = True
     """Generate exactly max_tokens in every mode, so all modes do the same work."""
 
@@ -138,6 +140,15 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
                 for pipelined in (True, False):
                     name = f"served k={k}" + ("" if pipelined else " unpipelined")
                     modes.append((ModeResult(name, "served", k, settings), served.runner(k, pipelined, cfg)))
+        if cfg.address is not None:
+            from orchestrator.client import SpecServeClient
+            from specserve.bench.served import client_runner
+
+            client = stack.enter_context(SpecServeClient(cfg.address))
+            remote = f"the orchestrator at {cfg.address}"
+            modes.append((ModeResult("remote target-only", "served", 0, remote), client_runner(client, 0, cfg)))
+            for k in cfg.ks:
+                modes.append((ModeResult(f"remote k={k}", "served", k, remote), client_runner(client, k, cfg)))
         for _, runner in modes:  # warm-up: first calls pay one-off allocation and kernel selection
             runner(Prompt(prompts[0].text[:48], prompts[0].token_ids[:16]))
         _measure(prompts, modes)

@@ -14,6 +14,7 @@ from specserve.launcher import LocalStackConfig, free_port, worker_processes
 from specserve.models.loading import ModelConfig
 
 if TYPE_CHECKING:
+    from orchestrator.client import SpecServeClient
     from specserve.bench.runner import BenchConfig, Prompt, Runner, RunOutput
 
 
@@ -60,27 +61,31 @@ class ServedStack:
         self.exits.close()
 
     def runner(self, k: int, pipelined: bool, cfg: BenchConfig) -> Runner:
-        client = self.clients[pipelined]
+        return client_runner(self.clients[pipelined], k, cfg)
 
-        def run(prompt: Prompt) -> RunOutput:
-            started = time.perf_counter()
-            response = client.generate(
-                prompt.text, max_tokens=cfg.max_tokens, num_speculative_tokens=k, ignore_eos=cfg.ignore_eos
-            )
-            seconds = time.perf_counter() - started
-            s = response.stats
-            stats = SpeculationStats(
-                num_proposed=s.proposed,
-                num_accepted=s.accepted,
-                num_rounds=s.rounds,
-                num_rejections=s.rejections,
-                draft_s=s.draft_ms / 1000,
-                target_s=s.target_ms / 1000,
-                transport_s=s.transport_ms / 1000,
-            )
-            return list(response.token_ids), seconds, stats, 0
 
-        return run
+def client_runner(client: SpecServeClient, k: int, cfg: BenchConfig) -> Runner:
+    """A bench mode that sends each prompt through the public gRPC API and times it end to end."""
+
+    def run(prompt: Prompt) -> RunOutput:
+        started = time.perf_counter()
+        response = client.generate(
+            prompt.text, max_tokens=cfg.max_tokens, num_speculative_tokens=k, ignore_eos=cfg.ignore_eos
+        )
+        seconds = time.perf_counter() - started
+        s = response.stats
+        stats = SpeculationStats(
+            num_proposed=s.proposed,
+            num_accepted=s.accepted,
+            num_rounds=s.rounds,
+            num_rejections=s.rejections,
+            draft_s=s.draft_ms / 1000,
+            target_s=s.target_ms / 1000,
+            transport_s=s.transport_ms / 1000,
+        )
+        return list(response.token_ids), seconds, stats, 0
+
+    return run
 
 
 async def _event() -> asyncio.Event:
