@@ -7,30 +7,14 @@ import grpc
 from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
-from specserve.models.tokenizers import TokenizerSpec
-from specserve.rpc import WorkerServicer, unary_errors
+from protos.session_servicer import SessionServicer
+from specserve.rpc import unary_errors
 from target_service.worker import TargetWorker
 
 
-class TargetServicer(WorkerServicer, pb_grpc.TargetServiceServicer):
+class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
     executor_name = "target-model"
     worker: TargetWorker
-
-    def attach(self, worker: TargetWorker) -> None:
-        super().attach(worker)
-        self.fingerprint = TokenizerSpec.of(worker.loaded.tokenizer, worker.loaded.vocab_size).fingerprint()
-
-    @unary_errors
-    async def GetModelInfo(
-        self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelInfoResponse:
-        return convert.model_info_to_proto(self.worker.loaded, self.fingerprint)
-
-    @unary_errors
-    async def Prefill(self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
-        seed = request.seed if request.HasField("seed") else None
-        await self.executor.run(self.worker.prefill, request.session_id, list(request.prompt_token_ids), seed)
-        return pb.PrefillResponse()
 
     @unary_errors
     async def Verify(self, request: pb.VerifyRequest, context: grpc.aio.ServicerContext) -> pb.VerifyResponse:
@@ -43,8 +27,3 @@ class TargetServicer(WorkerServicer, pb_grpc.TargetServiceServicer):
         response = convert.verdict_to_proto(verdict)
         response.compute_ms = seconds * 1000
         return response
-
-    @unary_errors
-    async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
-        self.worker.release(request.session_id)
-        return pb.ReleaseResponse()
