@@ -91,6 +91,7 @@ class RemoteRequest:
         finally:
             if self._predraft is not None and not self._predraft.done():
                 self._predraft.cancel()
+            logger.debug("session %s: %s", self.session_id, self.pipeline)
             await asyncio.shield(self._release())
 
     async def _prefill(self) -> None:

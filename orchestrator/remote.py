@@ -32,10 +32,24 @@ class ModelInfo:
 
 
 class _WorkerClient:
+    """The calls both services answer; `stub` is the service's own."""
+
+    stub: pb_grpc.DraftServiceStub | pb_grpc.TargetServiceStub
+
     def __init__(self, address: str, deadlines: Deadlines) -> None:
         self.address = address
         self.deadlines = deadlines
         self.channel = grpc.aio.insecure_channel(address, options=server_options())
+
+    async def model_info(self) -> ModelInfo:
+        return _model_info(await self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.deadlines.control_s))
+
+    async def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None) -> None:
+        request = pb.PrefillRequest(session_id=session_id, prompt_token_ids=prompt_token_ids, seed=seed)
+        await self.stub.Prefill(request, timeout=self.deadlines.prefill_s)
+
+    async def release(self, session_id: str) -> None:
+        await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=self.deadlines.control_s)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -46,13 +60,6 @@ class DraftClient(_WorkerClient):
         super().__init__(address, deadlines)
         self.stub = pb_grpc.DraftServiceStub(self.channel)
 
-    async def model_info(self) -> ModelInfo:
-        return _model_info(await self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.deadlines.control_s))
-
-    async def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None) -> None:
-        request = pb.PrefillRequest(session_id=session_id, prompt_token_ids=prompt_token_ids, seed=seed)
-        await self.stub.Prefill(request, timeout=self.deadlines.prefill_s)
-
     async def propose(
         self,
         session_id: str,
@@ -61,7 +68,8 @@ class DraftClient(_WorkerClient):
         k: int,
         sampling: SamplingParams,
         vocab_size: int,
-    ) -> Proposal:
+    ) -> tuple[Proposal, float]:
+        """(proposal, seconds the draft computed)."""
         request = pb.ProposeRequest(
             session_id=session_id,
             num_kept=num_kept,
@@ -73,21 +81,11 @@ class DraftClient(_WorkerClient):
         probs = response.probs if response.HasField("probs") else None
         return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size), response.compute_ms / 1000
 
-    async def release(self, session_id: str) -> None:
-        await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=self.deadlines.control_s)
-
 
 class TargetClient(_WorkerClient):
     def __init__(self, address: str, deadlines: Deadlines = Deadlines()) -> None:
         super().__init__(address, deadlines)
         self.stub = pb_grpc.TargetServiceStub(self.channel)
-
-    async def model_info(self) -> ModelInfo:
-        return _model_info(await self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.deadlines.control_s))
-
-    async def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None) -> None:
-        request = pb.PrefillRequest(session_id=session_id, prompt_token_ids=prompt_token_ids, seed=seed)
-        await self.stub.Prefill(request, timeout=self.deadlines.prefill_s)
 
     async def verify(self, session_id: str, proposal: Proposal, sampling: SamplingParams) -> tuple[Verdict, float]:
         """(verdict, seconds the target computed)."""
@@ -99,9 +97,6 @@ class TargetClient(_WorkerClient):
         )
         response = await self.stub.Verify(request, timeout=self.deadlines.round_s)
         return convert.verdict_from_proto(response), response.compute_ms / 1000
-
-    async def release(self, session_id: str) -> None:
-        await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=self.deadlines.control_s)
 
 
 def _model_info(message: pb.ModelInfoResponse) -> ModelInfo:

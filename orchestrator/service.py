@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -12,8 +11,6 @@ from orchestrator.remote import DraftClient, ModelInfo, TargetClient
 from specserve.config import GenerationRequest
 from specserve.models.tokenizers import TokenizerMismatchError
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS, resolve_k, stop_conditions, tokenize_request
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,8 +15,6 @@ from specserve.models.loading import LoadedModel, load_model
 from specserve.models.tokenizers import TokenizerSpec, check_compatible
 from specserve.prompts import resolve_k, stop_conditions, tokenize_request
 from target_service.worker import TargetWorker
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

