@@ -5,6 +5,10 @@ accepted and the target's bonus token is the draft's own next guess. When that h
 acceptance), the next window is ready the moment the verdict arrives; otherwise the guess is dropped
 (the draft's KV cache is rolled back by the next commit) and the draft proposes afresh. Output is
 unchanged either way: every window is still verified by the target with the exact rule.
+
+A replica that fails mid-request costs the request nothing but time: the session moves to another
+replica of the same role, which prefills again from the token history kept here. Without a draft
+replica the request goes on target-only (and takes a draft back when one is free).
 """
 
 from __future__ import annotations
@@ -13,17 +17,30 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
 from orchestrator.remote import DraftClient, TargetClient
+from orchestrator.replicas import Replica, ReplicaPool
 from specserve.core.loop import Decode, SpeculativeDecoder, StopConditions
 from specserve.core.stats import SpeculationStats
 from specserve.core.types import Proposal, SamplingParams, Verdict
+from specserve.rpc import UnavailableError
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_CALL_ATTEMPTS = 4  # per call: the original, then up to three recoveries (re-prefill or move)
+DRAFT_REATTACH_S = 2.0  # a request that lost its draft looks for a free draft replica this often
+# A replica that answers these is failing (or gone); others are the request's own fault.
+REPLICA_FAILURES = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+})  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +52,8 @@ class RequestPlan:
     max_context: int
     vocab_size: int
     pipelined: bool = True
+    failover_timeout_s: float = 120.0
+    """How long the request waits for a usable target replica (e.g. while Ray restarts the only one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,15 +69,16 @@ class PipelineStats:
     num_predraft_hits: int = 0
     num_draft_failures: int = 0
     num_target_reprefills: int = 0
-
-
-class _DraftLost(Exception):
-    """The draft could not answer; the request continues target-only."""
+    num_target_moves: int = 0
+    failover_s: float = 0.0
+    """Time spent recovering from failed replicas (moving and prefilling again)."""
 
 
 class RemoteRequest:
-    def __init__(self, draft: DraftClient | None, target: TargetClient, plan: RequestPlan, decode: Decode) -> None:
-        self.draft, self.target, self.plan = draft if plan.k > 0 else None, target, plan
+    def __init__(
+        self, target_pool: ReplicaPool, draft_pool: ReplicaPool | None, plan: RequestPlan, decode: Decode
+    ) -> None:
+        self.target_pool, self.draft_pool, self.plan = target_pool, draft_pool if plan.k > 0 else None, plan
         self.session_id = uuid.uuid4().hex
         self.started = time.perf_counter()
         self.decoder = SpeculativeDecoder(
@@ -74,6 +94,11 @@ class RemoteRequest:
             started_at=self.started,
         )
         self.pipeline = PipelineStats()
+        self.target: Replica | None = None
+        self.draft: Replica | None = None
+        self._target_ready = self._draft_ready = False  # whether the replica holds this session
+        self._num_prefills = 0
+        self._draft_lost_at = 0.0
         self._draft_length = 0  # context tokens the draft knows (its last proposal included)
         self._commit: tuple[int, list[int]] = (len(plan.prompt_token_ids), [])  # for the draft's next propose
         self._predraft: asyncio.Task[Proposal | None] | None = None
@@ -95,20 +120,117 @@ class RemoteRequest:
             await asyncio.shield(self._release())
 
     async def _prefill(self) -> None:
-        prompt, seed = self.plan.prompt_token_ids, self.plan.sampling.seed
-        target_prefill = self.target.prefill(self.session_id, prompt, seed)
-        if self.draft is None:
-            await target_prefill
+        self.target = await self.target_pool.acquire(self.plan.failover_timeout_s)
+        if self.target is None:
+            raise UnavailableError(f"no target replica is serving (waited {self.plan.failover_timeout_s:.0f}s)")
+        if self.draft_pool is None:
+            await self._on_target(_nothing)
         else:  # both prefills at once: with long prompts this is most of the time to first token
-            results = await asyncio.gather(
-                target_prefill, self.draft.prefill(self.session_id, prompt, seed), return_exceptions=True
+            self.draft = self.draft_pool.try_acquire()
+            results = await asyncio.gather(self._on_target(_nothing), self._on_draft(_nothing), return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        self.decoder.result.stats.observe_prefill(len(self.plan.prompt_token_ids), time.perf_counter() - self.started)
+
+    def _seed(self) -> int | None:
+        """The request's seed for its first prefill; a fresh one derived from it for every later prefill,
+        so a session rebuilt elsewhere does not replay the random numbers its first part used."""
+        seed, self._num_prefills = self.plan.sampling.seed, self._num_prefills + 1
+        if seed is None or self._num_prefills == 1:
+            return seed
+        return (seed * 1_000_003 + self._num_prefills) % (1 << 62)
+
+    async def _on_target(self, call: Callable[[TargetClient], Awaitable[T]]) -> T:
+        """`call` on the session's target replica, recovering the session first when that replica evicted it
+        (prefill again) or failed (move to another replica, prefill there)."""
+        error: grpc.aio.AioRpcError | None = None
+        for _ in range(MAX_CALL_ATTEMPTS):
+            assert self.target is not None
+            client = self.target.client
+            assert isinstance(client, TargetClient)
+            try:
+                if not self._target_ready:
+                    await client.prefill(self.session_id, self.context, self._seed())
+                    self._target_ready = True
+                return await call(client)
+            except grpc.aio.AioRpcError as e:
+                error = e
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    self.pipeline.num_target_reprefills += 1
+                    self._target_ready = False
+                    continue
+                if e.code() not in REPLICA_FAILURES:
+                    raise
+                await self._move_target(e)
+        assert error is not None
+        raise UnavailableError(f"the target failed {MAX_CALL_ATTEMPTS} times for this request; last: {error.details()}")
+
+    async def _move_target(self, error: grpc.aio.AioRpcError) -> None:
+        started = time.perf_counter()
+        assert self.target is not None
+        self._abandon(self.target_pool, self.target, error)
+        self.target = None
+        self.target = await self.target_pool.acquire(self.plan.failover_timeout_s)
+        if self.target is None:
+            raise UnavailableError(
+                f"the target replica failed ({error.code().name}) and no other served within "
+                f"{self.plan.failover_timeout_s:.0f}s"
             )
-            if isinstance(results[0], BaseException):
-                raise results[0]
-            if isinstance(results[1], BaseException):
-                self._lose_draft(results[1])
-            self._draft_length = len(prompt)
-        self.decoder.result.stats.observe_prefill(len(prompt), time.perf_counter() - self.started)
+        self._target_ready = False
+        self.pipeline.num_target_moves += 1
+        self.pipeline.failover_s += time.perf_counter() - started
+        logger.info("session %s moved to target replica %s", self.session_id, self.target.address)
+
+    async def _on_draft(self, call: Callable[[DraftClient], Awaitable[T]]) -> T | None:
+        """`call` on the session's draft replica, recovering like _on_target but never waiting for a replica:
+        None when no draft can answer now (the round goes on target-only)."""
+        for _ in range(MAX_CALL_ATTEMPTS):
+            if self.draft is None:
+                return None
+            client = self.draft.client
+            assert isinstance(client, DraftClient)
+            try:
+                if not self._draft_ready:
+                    context = self.context
+                    await client.prefill(self.session_id, context, self._seed())
+                    self._draft_ready, self._draft_length, self._commit = True, len(context), (len(context), [])
+                return await call(client)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    self._draft_ready = False
+                    continue
+                if e.code() not in REPLICA_FAILURES:  # the draft refuses this request: go on without it
+                    logger.warning("session %s: the draft refused (%s); continuing target-only", self.session_id, e)
+                    break
+                assert self.draft_pool is not None
+                self.pipeline.num_draft_failures += 1
+                self._abandon(self.draft_pool, self.draft, e)
+                self.draft, self._draft_ready = self.draft_pool.try_acquire(), False
+                if self.draft is None:
+                    logger.warning("session %s: no draft replica left (%s); continuing target-only", self.session_id, e)
+                    self._draft_lost_at = time.perf_counter()
+        self._abandon_draft()
+        return None
+
+    def _abandon(self, pool: ReplicaPool, replica: Replica, error: grpc.aio.AioRpcError) -> None:
+        if error.code() in REPLICA_FAILURES:
+            pool.mark_failed(replica, error)
+        asyncio.ensure_future(_release_quietly(replica, self.session_id))  # a live replica frees the cache
+        pool.release(replica)
+
+    def _abandon_draft(self) -> None:
+        if self.draft is not None and self.draft_pool is not None:
+            asyncio.ensure_future(_release_quietly(self.draft, self.session_id))
+            self.draft_pool.release(self.draft)
+        self.draft, self._draft_lost_at = None, time.perf_counter()
+
+    def _reattach_draft(self) -> None:
+        """A request running target-only after losing its draft takes a free draft replica back."""
+        if self.draft is None and self.draft_pool is not None:
+            if time.perf_counter() - self._draft_lost_at >= DRAFT_REATTACH_S:
+                self.draft, self._draft_ready = self.draft_pool.try_acquire(), False
+                self._draft_lost_at = time.perf_counter()
 
     async def _rounds(self) -> AsyncIterator[list[int]]:
         decoder = self.decoder
@@ -130,43 +252,26 @@ class RemoteRequest:
                 yield emitted
 
     async def _propose(self, k: int) -> Proposal:
+        self._reattach_draft()
         if self.draft is None or k == 0:
             return Proposal([])
-        num_kept, new_token_ids = self._commit
-        num_kept = min(num_kept, self._draft_length)
         started = time.perf_counter()
-        try:
-            proposal, compute_s = await self._call_draft(num_kept, new_token_ids, k)
-        except _DraftLost:
+
+        async def propose(client: DraftClient) -> tuple[Proposal, float]:
+            num_kept, new_token_ids = self._commit
+            num_kept = min(num_kept, self._draft_length)
+            result = await client.propose(
+                self.session_id, num_kept, new_token_ids, k, self.plan.sampling, self.plan.vocab_size
+            )
+            self._draft_length = num_kept + len(new_token_ids) + len(result[0].token_ids)
+            return result
+
+        result = await self._on_draft(propose)
+        if result is None:
             return Proposal([])
+        proposal, compute_s = result
         self.decoder.result.stats.transport_s += time.perf_counter() - started - compute_s
-        self._draft_length = num_kept + len(new_token_ids) + len(proposal.token_ids)
         return proposal
-
-    async def _call_draft(self, num_kept: int, new_token_ids: list[int], k: int) -> tuple[Proposal, float]:
-        assert self.draft is not None
-        for attempt in range(2):
-            try:
-                return await self.draft.propose(
-                    self.session_id, num_kept, new_token_ids, k, self.plan.sampling, self.plan.vocab_size
-                )
-            except grpc.aio.AioRpcError as error:
-                if error.code() == grpc.StatusCode.NOT_FOUND and attempt == 0:  # evicted: prefill again
-                    try:
-                        await self.draft.prefill(self.session_id, self.context, self.plan.sampling.seed)
-                    except grpc.aio.AioRpcError as prefill_error:
-                        self._lose_draft(prefill_error)
-                        raise _DraftLost from prefill_error
-                    num_kept, new_token_ids = len(self.context), []
-                    continue
-                self._lose_draft(error)
-                raise _DraftLost from error
-        raise _DraftLost
-
-    def _lose_draft(self, error: BaseException) -> None:
-        logger.warning("draft unavailable for session %s (%s); continuing target-only", self.session_id, error)
-        self.pipeline.num_draft_failures += 1
-        self.draft = None
 
     def _start_predraft(self, proposal: Proposal) -> asyncio.Task[Proposal | None] | None:
         """Draft the window after this one, guessing all of it is accepted plus the draft's own bonus."""
@@ -174,14 +279,15 @@ class RemoteRequest:
         if self.draft is None or k == 0:
             return None
         self.pipeline.num_predrafts += 1
-        self._predraft = asyncio.ensure_future(self._predraft_call(self._draft_length, k + 1))
+        client = self.draft.client
+        assert isinstance(client, DraftClient)
+        self._predraft = asyncio.ensure_future(self._predraft_call(client, self._draft_length, k + 1))
         return self._predraft
 
-    async def _predraft_call(self, num_kept: int, k: int) -> Proposal | None:
+    async def _predraft_call(self, client: DraftClient, num_kept: int, k: int) -> Proposal | None:
         """A failed guess costs nothing: the next propose recovers the session or drops the draft."""
-        assert self.draft is not None
         try:
-            proposal, _ = await self.draft.propose(
+            proposal, _ = await client.propose(
                 self.session_id, num_kept, [], k, self.plan.sampling, self.plan.vocab_size
             )
         except grpc.aio.AioRpcError as error:
@@ -206,22 +312,24 @@ class RemoteRequest:
 
     async def _verify(self, proposal: Proposal) -> Verdict:
         started = time.perf_counter()
-        try:
-            verdict, compute_s = await self.target.verify(self.session_id, proposal, self.plan.sampling)
-        except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.NOT_FOUND:
-                raise
-            # the target evicted the session: rebuild it from the history and verify again
-            self.pipeline.num_target_reprefills += 1
-            await self.target.prefill(self.session_id, self.context, self.plan.sampling.seed)
-            started = time.perf_counter()
-            verdict, compute_s = await self.target.verify(self.session_id, proposal, self.plan.sampling)
+        verdict, compute_s = await self._on_target(lambda c: c.verify(self.session_id, proposal, self.plan.sampling))
         self.decoder.result.stats.transport_s += time.perf_counter() - started - compute_s
         return verdict
 
     async def _release(self) -> None:
-        clients = [c for c in (self.target, self.draft) if c is not None]
-        results = await asyncio.gather(*(c.release(self.session_id) for c in clients), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                logger.debug("release of %s failed: %s", self.session_id, result)
+        for pool, replica in ((self.target_pool, self.target), (self.draft_pool, self.draft)):
+            if replica is not None and pool is not None:
+                pool.release(replica)
+        held = [r for r in (self.target, self.draft) if r is not None]
+        await asyncio.gather(*(_release_quietly(r, self.session_id) for r in held))
+
+
+async def _nothing(client: object) -> None:
+    return None
+
+
+async def _release_quietly(replica: Replica, session_id: str) -> None:
+    try:
+        await replica.client.release(session_id)
+    except grpc.aio.AioRpcError as error:
+        logger.debug("release of %s on %s failed: %s", session_id, replica.address, error.code())

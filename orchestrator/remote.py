@@ -51,8 +51,8 @@ class _WorkerClient:
     async def release(self, session_id: str) -> None:
         await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=self.deadlines.control_s)
 
-    async def close(self) -> None:
-        await self.channel.close()
+    async def close(self, grace_s: float | None = None) -> None:
+        await self.channel.close(grace_s)
 
 
 class DraftClient(_WorkerClient):

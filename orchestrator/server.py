@@ -1,5 +1,5 @@
-"""The orchestrator's gRPC server: connects to the draft and target services, checks that their
-tokenizers match, then serves the public API."""
+"""The orchestrator's gRPC server: finds the draft and target replicas through its fleet, checks that
+their tokenizers match, then serves the public API and the admin API (scale, list replicas)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from orchestrator.remote import DraftClient, TargetClient
-from orchestrator.service import Orchestrator, OrchestratorConfig
-from orchestrator.servicer import OrchestratorServicer
+from orchestrator.remote import DraftClient, ModelInfo, TargetClient
+from orchestrator.replicas import Fleet, ReplicaPool
+from orchestrator.service import Orchestrator, OrchestratorConfig, check_pair
+from orchestrator.servicer import AdminServicer, OrchestratorServicer
 from protos import specserve_pb2 as pb
 from specserve.models.loading import load_tokenizer
 from specserve.rpc import Server, add_service
@@ -20,55 +18,65 @@ from specserve.rpc import Server, add_service
 logger = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Orchestrator"]
+ADMIN = pb.DESCRIPTOR.services_by_name["Admin"]
 
 
-async def wait_until_serving(channel: grpc.aio.Channel, service: str, timeout_s: float) -> None:
-    """Poll the standard health service until `service` is SERVING (workers load their model first)."""
-    stub = health_pb2_grpc.HealthStub(channel)
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
-            if response.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-        except grpc.aio.AioRpcError as error:
-            if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"{service} did not become SERVING within {timeout_s:.0f}s")
-        await asyncio.sleep(0.2)
+async def connect(config: OrchestratorConfig, fleet: Fleet, ready_timeout_s: float = 900.0) -> Orchestrator:
+    """Wait for the first target (and draft) replica, check that they pair, then keep in step with the fleet."""
+    target_pool = ReplicaPool("target", TargetClient)
+    pools = [target_pool]
+    draft_pool = None
+    if fleet.desired("draft") > 0:
+        draft_pool = ReplicaPool("draft", DraftClient, check=lambda info: check_pair(info, _info(target_pool)))
+        pools.append(draft_pool)
+    try:
+        deadline = asyncio.get_running_loop().time() + ready_timeout_s
+        for pool in pools:  # the target first: the draft is checked against it
+            while pool.info is None:
+                await pool.sync(await fleet.addresses(pool.role))
+                if pool.refused and pool.info is None:
+                    raise next(iter(pool.refused.values()))
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"no {pool.role} replica served within {ready_timeout_s:.0f}s")
+                if pool.info is None:
+                    await asyncio.sleep(0.2)
+        tokenizer = await asyncio.to_thread(load_tokenizer, _info(target_pool).model)
+    except BaseException:
+        for pool in pools:
+            await pool.close()
+        raise
+    orchestrator = Orchestrator(config, fleet, tokenizer, target_pool, draft_pool)
+    orchestrator.start_discovery()
+    return orchestrator
 
 
-async def connect(config: OrchestratorConfig, ready_timeout_s: float = 900.0) -> Orchestrator:
-    target = TargetClient(config.target_address)
-    await wait_until_serving(target.channel, "specserve.v1.TargetService", ready_timeout_s)
-    target_info = await target.model_info()
-    draft = draft_info = None
-    if config.draft_address is not None:
-        draft = DraftClient(config.draft_address)
-        await wait_until_serving(draft.channel, "specserve.v1.DraftService", ready_timeout_s)
-        draft_info = await draft.model_info()
-    tokenizer = await asyncio.to_thread(load_tokenizer, target_info.model)
-    return Orchestrator(config, tokenizer, target, target_info, draft, draft_info)
+def _info(pool: ReplicaPool) -> ModelInfo:
+    assert pool.info is not None
+    return pool.info
 
 
 async def serve(
     config: OrchestratorConfig,
+    fleet: Fleet,
     on_listening: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
     grace_s: float = 10.0,
+    ready_timeout_s: float = 900.0,
 ) -> None:
-    orchestrator = await connect(config)
-    server = Server([SERVICE.full_name])
+    orchestrator = await connect(config, fleet, ready_timeout_s)
+    server = Server([SERVICE.full_name, ADMIN.full_name])
     add_service(server.server, OrchestratorServicer(orchestrator), SERVICE)
+    add_service(server.server, AdminServicer(orchestrator), ADMIN)
     address = server.bind(config.host, config.port)
     await server.start()
     await server.set_serving()
     logger.info(
-        "specserve orchestrator listening on %s (target %s, draft %s, k=%d)",
+        "specserve orchestrator listening on %s (target %s x%d, draft %s x%d, k=%d)",
         address,
         orchestrator.target_info.model,
+        len(orchestrator.replicas("target")),
         orchestrator.draft_info.model if orchestrator.draft_info else "none",
+        len(orchestrator.replicas("draft")),
         orchestrator.default_k,
     )
     if on_listening is not None:

@@ -1,29 +1,41 @@
-"""The orchestrator's state: its clients of the draft and target services, the tokenizer, defaults."""
+"""The orchestrator's state: the replica pools it keeps in step with its fleet, the tokenizer, defaults."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
 from orchestrator.pipeline import RemoteRequest, RequestPlan
-from orchestrator.remote import DraftClient, ModelInfo, TargetClient
+from orchestrator.remote import ModelInfo
+from orchestrator.replicas import Fleet, Replica, ReplicaPool
 from specserve.config import GenerationRequest
 from specserve.models.tokenizers import TokenizerMismatchError
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS, resolve_k, stop_conditions, tokenize_request
 
+logger = logging.getLogger(__name__)
+
+MAX_REPLICAS = 256  # per role: a typo guard for `specserve scale`
+
 
 @dataclass(frozen=True, slots=True)
 class OrchestratorConfig:
-    target_address: str
-    draft_address: str | None = None
-    """None serves target-only."""
     num_speculative_tokens: int = 4
-    """k when a request does not say."""
+    """k when a request does not say (0 when no draft serves)."""
     pipelined: bool = True
     """Pre-draft the next window while the target verifies this one."""
     host: str = "127.0.0.1"
+    """Interface of the public API; 0.0.0.0 opens it to the network."""
     port: int = 50051
+    discovery_interval_s: float = 1.0
+    """How often the replica list is refreshed from the fleet (new, restarted and removed replicas)."""
+    failover_timeout_s: float = 120.0
+    """How long a request waits for a usable target replica before UNAVAILABLE."""
+    drain_timeout_s: float = 60.0
+    """Scaling down waits this long for a replica's sessions to finish; the rest then move elsewhere."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_speculative_tokens <= MAX_NUM_SPECULATIVE_TOKENS:
@@ -31,37 +43,38 @@ class OrchestratorConfig:
             raise ValueError(f"num_speculative_tokens must be in [0, {limit}], got {k}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("discovery_interval_s", "failover_timeout_s", "drain_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
 class Orchestrator:
     def __init__(
         self,
         config: OrchestratorConfig,
+        fleet: Fleet,
         tokenizer: PreTrainedTokenizerBase,
-        target: TargetClient,
-        target_info: ModelInfo,
-        draft: DraftClient | None = None,
-        draft_info: ModelInfo | None = None,
+        target_pool: ReplicaPool,
+        draft_pool: ReplicaPool | None = None,
     ) -> None:
-        if draft_info is not None:  # refuse at start-up: mismatched vocabularies fail silently
-            if draft_info.tokenizer_fingerprint != target_info.tokenizer_fingerprint:
-                draft_fp, target_fp = draft_info.tokenizer_fingerprint[:12], target_info.tokenizer_fingerprint[:12]
-                raise TokenizerMismatchError(
-                    f"draft {draft_info.model!r} and target {target_info.model!r} have different tokenizers "
-                    f"(fingerprints {draft_fp} vs {target_fp}); refusing to speculate across them"
-                )
-            if draft_info.max_context < target_info.max_context:
-                raise ValueError(
-                    f"the draft's context ({draft_info.max_context}) is shorter than the target's "
-                    f"({target_info.max_context})"
-                )
-        self.config, self.tokenizer = config, tokenizer
-        self.target, self.target_info = target, target_info
-        self.draft, self.draft_info = draft, draft_info
+        assert target_pool.info is not None, "connect() admits a target replica first"
+        self.config, self.fleet, self.tokenizer = config, fleet, tokenizer
+        self.target_pool, self.draft_pool = target_pool, draft_pool
+        self.pools = {"target": target_pool} | ({"draft": draft_pool} if draft_pool is not None else {})
+        self._discovery: asyncio.Task[None] | None = None
+
+    @property
+    def target_info(self) -> ModelInfo:
+        assert self.target_pool.info is not None
+        return self.target_pool.info
+
+    @property
+    def draft_info(self) -> ModelInfo | None:
+        return self.draft_pool.info if self.draft_pool is not None else None
 
     @property
     def default_k(self) -> int:
-        return self.config.num_speculative_tokens if self.draft is not None else 0
+        return self.config.num_speculative_tokens if self.draft_pool is not None else 0
 
     def start(self, request: GenerationRequest, pipelined: bool | None = None) -> RemoteRequest:
         """Validate and plan a request (raises ValueError on bad input); iterate .stream() to run it."""
@@ -75,19 +88,75 @@ class Orchestrator:
             )
         plan = RequestPlan(
             prompt_token_ids=prompt_token_ids,
-            k=resolve_k(request, self.default_k, self.draft is not None),
+            k=resolve_k(request, self.default_k, self.draft_pool is not None),
             sampling=request.sampling,
             stop=stop_conditions(request, info.eos_token_ids),
             max_context=info.max_context,
             vocab_size=info.vocab_size,
             pipelined=self.config.pipelined if pipelined is None else pipelined,
+            failover_timeout_s=self.config.failover_timeout_s,
         )
-        return RemoteRequest(self.draft, self.target, plan, self.decode)
+        return RemoteRequest(self.target_pool, self.draft_pool, plan, self.decode)
 
     def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
+    def replicas(self, role: str) -> list[Replica]:
+        return list(self.pools[role].replicas.values()) if role in self.pools else []
+
+    async def scale(self, role: str, num_replicas: int) -> None:
+        """Start or stop replicas of `role`; replicas that stop are drained of their sessions first."""
+        if role not in ("draft", "target"):
+            raise ValueError(f"role must be draft or target, got {role!r}")
+        pool = self.pools.get(role)
+        if pool is None:
+            raise ValueError("this deployment serves target-only: it has no draft model to scale")
+        lowest = 1 if role == "target" else 0
+        if not lowest <= num_replicas <= MAX_REPLICAS:
+            raise ValueError(f"{role} replicas must be in [{lowest}, {MAX_REPLICAS}], got {num_replicas}")
+        logger.info("scaling %s: %d -> %d replicas", role, self.fleet.desired(role), num_replicas)
+
+        async def drain(addresses: list[str] | tuple[str, ...]) -> None:
+            await pool.drain(addresses, self.config.drain_timeout_s)
+
+        await self.fleet.scale(role, num_replicas, drain)
+        await self.discover()
+
+    async def discover(self) -> None:
+        """Bring every pool in step with the fleet."""
+        for role, pool in self.pools.items():
+            await pool.sync(await self.fleet.addresses(role))
+
+    def start_discovery(self) -> None:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(self.config.discovery_interval_s)
+                try:
+                    await self.discover()
+                except Exception:  # noqa: BLE001 - a failed refresh must not end discovery
+                    logger.exception("replica discovery failed; retrying")
+
+        self._discovery = asyncio.ensure_future(loop())
+
     async def close(self) -> None:
-        await self.target.close()
-        if self.draft is not None:
-            await self.draft.close()
+        if self._discovery is not None:
+            self._discovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._discovery
+        for pool in self.pools.values():
+            await pool.close()
+        await self.fleet.close()
+
+
+def check_pair(draft_info: ModelInfo, target_info: ModelInfo) -> None:
+    """Refuse a draft whose tokens mean something else to the target: mismatches fail silently otherwise."""
+    if draft_info.tokenizer_fingerprint != target_info.tokenizer_fingerprint:
+        draft_fp, target_fp = draft_info.tokenizer_fingerprint[:12], target_info.tokenizer_fingerprint[:12]
+        raise TokenizerMismatchError(
+            f"draft {draft_info.model!r} and target {target_info.model!r} have different tokenizers "
+            f"(fingerprints {draft_fp} vs {target_fp}); refusing to speculate across them"
+        )
+    if draft_info.max_context < target_info.max_context:
+        raise ValueError(
+            f"the draft's context ({draft_info.max_context}) is shorter than the target's ({target_info.max_context})"
+        )

@@ -1,4 +1,5 @@
-"""The public Orchestrator service: Generate, GenerateStream, GetServerInfo."""
+"""The public Orchestrator service (Generate, GenerateStream, GetServerInfo) and the Admin service
+(ListReplicas, Scale)."""
 
 from __future__ import annotations
 
@@ -60,4 +61,41 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
             default_num_speculative_tokens=o.default_k,
             max_num_speculative_tokens=MAX_NUM_SPECULATIVE_TOKENS,
             max_context=o.target_info.max_context,
+        )
+
+
+class AdminServicer(pb_grpc.AdminServicer):
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orchestrator = orchestrator
+
+    @unary_errors
+    async def ListReplicas(
+        self, request: pb.ListReplicasRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListReplicasResponse:
+        return pb.ListReplicasResponse(replica_set=self._replica_set())
+
+    @unary_errors
+    async def Scale(self, request: pb.ScaleRequest, context: grpc.aio.ServicerContext) -> pb.ScaleResponse:
+        wanted = {
+            role: getattr(request, f"{role}_replicas")
+            for role in ("target", "draft")
+            if request.HasField(f"{role}_replicas")
+        }
+        if not wanted:
+            raise ValueError("give draft_replicas, target_replicas or both")
+        for role, num_replicas in wanted.items():
+            await self.orchestrator.scale(role, num_replicas)
+        return pb.ScaleResponse(replica_set=self._replica_set())
+
+    def _replica_set(self) -> pb.ReplicaSet:
+        o = self.orchestrator
+        replicas = [
+            pb.ReplicaInfo(role=role, address=r.address, state=r.state, active_sessions=r.num_sessions)
+            for role in ("target", "draft")
+            for r in o.replicas(role)
+        ]
+        return pb.ReplicaSet(
+            replicas=replicas,
+            desired_draft_replicas=o.fleet.desired("draft"),
+            desired_target_replicas=o.fleet.desired("target"),
         )

@@ -116,6 +116,52 @@ class ServerInfoResponse(_message.Message):
     max_context: int
     def __init__(self, version: _Optional[str] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., default_num_speculative_tokens: _Optional[int] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_context: _Optional[int] = ...) -> None: ...
 
+class ReplicaInfo(_message.Message):
+    __slots__ = ("role", "address", "state", "active_sessions")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    address: str
+    state: str
+    active_sessions: int
+    def __init__(self, role: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., active_sessions: _Optional[int] = ...) -> None: ...
+
+class ReplicaSet(_message.Message):
+    __slots__ = ("replicas", "desired_draft_replicas", "desired_target_replicas")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_DRAFT_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_TARGET_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    desired_draft_replicas: int
+    desired_target_replicas: int
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., desired_draft_replicas: _Optional[int] = ..., desired_target_replicas: _Optional[int] = ...) -> None: ...
+
+class ListReplicasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListReplicasResponse(_message.Message):
+    __slots__ = ("replica_set",)
+    REPLICA_SET_FIELD_NUMBER: _ClassVar[int]
+    replica_set: ReplicaSet
+    def __init__(self, replica_set: _Optional[_Union[ReplicaSet, _Mapping]] = ...) -> None: ...
+
+class ScaleRequest(_message.Message):
+    __slots__ = ("draft_replicas", "target_replicas")
+    DRAFT_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    draft_replicas: int
+    target_replicas: int
+    def __init__(self, draft_replicas: _Optional[int] = ..., target_replicas: _Optional[int] = ...) -> None: ...
+
+class ScaleResponse(_message.Message):
+    __slots__ = ("replica_set",)
+    REPLICA_SET_FIELD_NUMBER: _ClassVar[int]
+    replica_set: ReplicaSet
+    def __init__(self, replica_set: _Optional[_Union[ReplicaSet, _Mapping]] = ...) -> None: ...
+
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]

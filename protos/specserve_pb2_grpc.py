@@ -183,6 +183,122 @@ class Orchestrator:
             _registered_method=True)
 
 
+class AdminStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListReplicas = channel.unary_unary(
+                '/specserve.v1.Admin/ListReplicas',
+                request_serializer=protos_dot_specserve__pb2.ListReplicasRequest.SerializeToString,
+                response_deserializer=protos_dot_specserve__pb2.ListReplicasResponse.FromString,
+                _registered_method=True)
+        self.Scale = channel.unary_unary(
+                '/specserve.v1.Admin/Scale',
+                request_serializer=protos_dot_specserve__pb2.ScaleRequest.SerializeToString,
+                response_deserializer=protos_dot_specserve__pb2.ScaleResponse.FromString,
+                _registered_method=True)
+
+
+class AdminServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ListReplicas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scale(self, request, context):
+        """Starts replicas at once; replicas that stop are first drained of their sessions (bounded wait).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReplicas,
+                    request_deserializer=protos_dot_specserve__pb2.ListReplicasRequest.FromString,
+                    response_serializer=protos_dot_specserve__pb2.ListReplicasResponse.SerializeToString,
+            ),
+            'Scale': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scale,
+                    request_deserializer=protos_dot_specserve__pb2.ScaleRequest.FromString,
+                    response_serializer=protos_dot_specserve__pb2.ScaleResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'specserve.v1.Admin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('specserve.v1.Admin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Admin:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specserve.v1.Admin/ListReplicas',
+            protos_dot_specserve__pb2.ListReplicasRequest.SerializeToString,
+            protos_dot_specserve__pb2.ListReplicasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specserve.v1.Admin/Scale',
+            protos_dot_specserve__pb2.ScaleRequest.SerializeToString,
+            protos_dot_specserve__pb2.ScaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class DraftServiceStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -1,4 +1,4 @@
-"""`specserve generate | demo | bench | models`: the command line."""
+"""`specserve generate | serve | demo | scale | bench | models`: the command line."""
 
 from __future__ import annotations
 
@@ -11,11 +11,17 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
 
 from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
 from specserve.core.types import SamplingParams
 from specserve.models.loading import DTYPES, QUANTIZATIONS, ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
+
+if TYPE_CHECKING:
+    from deploy.config import DeployConfig
 
 DEMO_PROMPT = 'def quicksort(items: list[int]) -> list[int]:\n    """Sort items with quicksort."""\n'
 
@@ -121,38 +127,87 @@ def _print_result(args: argparse.Namespace, text: str, token_ids: list[int], fin
     )
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from specserve.launcher import LocalStackConfig, serve_local
+def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
+    """Everything a deploy config file holds; a flag given overrides the file (deploy/config.py)."""
+    parser.add_argument("--config", metavar="FILE", help="deployment config, YAML or TOML (see deploy/configs/)")
+    parser.add_argument(
+        "--address", dest="ray_address", metavar="RAY_ADDRESS",
+        help="Ray cluster to join: auto, HOST:6379 or ray://HOST:10001 (default: start one on this machine)",
+    )  # fmt: skip
+    g = parser.add_argument_group("models (default: the qwen2.5-coder 1.5b target, 0.5b draft)")
+    g.add_argument("--target", "--model", help="target: preset, HF model id or directory")
+    g.add_argument("--draft", help="draft: preset, HF model id or directory; 'none' serves target-only")
+    for role in ("target", "draft"):
+        g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPES])
+        g.add_argument(f"--{role}-device")
+        g.add_argument(f"--{role}-quantization", choices=QUANTIZATIONS)
+    g.add_argument("--trust-remote-code", action="store_true", default=None, help="run modelling code from HF models")
+    g = parser.add_argument_group("replicas and placement (per replica)")
+    for role in ("target", "draft"):
+        g.add_argument(f"--{role}-replicas", type=int)
+        g.add_argument(f"--{role}-num-gpus", type=float)
+        g.add_argument(f"--{role}-num-cpus", type=float)
+    g = parser.add_argument_group("orchestrator")
+    g.add_argument("-k", "--num-speculative-tokens", type=int, help="drafts per round (default 4); 0 = target-only")
+    g.add_argument("--host", help="interface of the public API (default 127.0.0.1; 0.0.0.0 opens it)")
+    g.add_argument("--port", type=int, help="public API port (default 50051)")
+    g.add_argument("--no-pipeline", action="store_true", default=None, help="do not pre-draft during verification")
 
-    engine = _engine_config(args)
-    config = LocalStackConfig(
-        engine.target, engine.draft, engine.num_speculative_tokens, args.host, args.port, not args.no_pipeline
-    )
-    asyncio.run(_serve_until_signalled(serve_local, config))
+
+def _deploy_config(args: argparse.Namespace, **overrides: object) -> DeployConfig:
+    from deploy.config import load_config
+
+    flags: dict[str, object] = {"ray.address": args.ray_address}
+    for role in ("target", "draft"):
+        name = getattr(args, role)
+        if role == "draft" and name is not None and name.lower() == "none":
+            continue
+        flags |= {f"{role}.model.name": name, f"{role}.model.trust_remote_code": args.trust_remote_code}
+        for field in ("dtype", "device", "quantization"):
+            flags[f"{role}.model.{field}"] = getattr(args, f"{role}_{field}")
+        for field in ("replicas", "num_gpus", "num_cpus"):
+            flags[f"{role}.{field}"] = getattr(args, f"{role}_{field}")
+    flags |= {
+        "orchestrator.num_speculative_tokens": args.num_speculative_tokens,
+        "orchestrator.host": args.host,
+        "orchestrator.port": args.port,
+        "orchestrator.pipelined": False if args.no_pipeline else None,
+    }
+    flags |= {f"orchestrator.{name}": value for name, value in overrides.items()}
+    if args.draft is not None and args.draft.lower() == "none":
+        flags["draft"] = "none"  # last: it drops the draft section whatever the file said
+    return load_config(args.config, flags)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from deploy.serve import serve
+
+    config = _deploy_config(args)
+    asyncio.run(_serve_until_signalled(serve, config))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The served stack on this machine, one streamed request through the gRPC client, then shut down."""
+    """The served stack on a local Ray instance, one streamed request through the gRPC client, then shut down."""
     import threading
 
-    from specserve.launcher import LocalStackConfig, free_port, serve_local
+    from deploy.serve import serve
+    from specserve.launcher import free_port
 
-    engine = _engine_config(args)
-    config = LocalStackConfig(engine.target, engine.draft, engine.num_speculative_tokens, port=free_port())
+    config = _deploy_config(args, port=free_port())
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     listening = threading.Event()
     server = threading.Thread(
-        target=loop.run_until_complete, args=(serve_local(config, lambda _: listening.set(), stop),), daemon=True
+        target=loop.run_until_complete, args=(serve(config, lambda _: listening.set(), stop),), daemon=True
     )
     server.start()
-    print("starting the draft and target services and the orchestrator (loading models)...", file=sys.stderr)
+    print("starting Ray, the draft and target actors and the orchestrator (loading models)...", file=sys.stderr)
     while not listening.wait(0.5):
         if not server.is_alive():
             print("specserve: error: the served stack failed to start (see the log above)", file=sys.stderr)
             return 1
-    args.address, args.stream = f"127.0.0.1:{config.port}", True
+    args.address, args.stream = f"127.0.0.1:{config.orchestrator.port}", True
     print(f"orchestrator on {args.address}; request:\n", file=sys.stderr)
     print(DEMO_PROMPT, end="")
     try:
@@ -160,6 +215,49 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         loop.call_soon_threadsafe(stop.set)
         server.join(60)
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    """Change (or, with no counts, list) the replicas behind a running orchestrator."""
+    import grpc
+
+    from protos import specserve_pb2 as pb
+    from protos import specserve_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(args.address) as channel:
+        admin = pb_grpc.AdminStub(channel)
+        if args.draft_replicas is None and args.target_replicas is None:
+            replica_set = admin.ListReplicas(pb.ListReplicasRequest(), timeout=10).replica_set
+        else:
+            request = pb.ScaleRequest(draft_replicas=args.draft_replicas, target_replicas=args.target_replicas)
+            replica_set = admin.Scale(request, timeout=args.timeout).replica_set
+        deadline = time.monotonic() + args.timeout
+        while args.wait and not _settled(replica_set):
+            if time.monotonic() > deadline:
+                print(f"specserve: error: replicas not settled after {args.timeout:.0f}s", file=sys.stderr)
+                _print_replicas(replica_set)
+                return 1
+            time.sleep(1.0)
+            replica_set = admin.ListReplicas(pb.ListReplicasRequest(), timeout=10).replica_set
+    _print_replicas(replica_set)
+    return 0
+
+
+def _settled(replica_set: object) -> bool:
+    for role in ("draft", "target"):
+        serving = [r for r in replica_set.replicas if r.role == role and r.state == "serving"]  # type: ignore[attr-defined]
+        if len(serving) != getattr(replica_set, f"desired_{role}_replicas"):
+            return False
+    return True
+
+
+def _print_replicas(replica_set: object) -> None:
+    for role in ("target", "draft"):
+        replicas = [r for r in replica_set.replicas if r.role == role]  # type: ignore[attr-defined]
+        desired = getattr(replica_set, f"desired_{role}_replicas")
+        print(f"{role}: {desired} wanted, {sum(r.state == 'serving' for r in replicas)} serving")
+        for r in replicas:
+            print(f"  {r.address:24} {r.state:9} {r.active_sessions} sessions")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -215,15 +313,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(gen)
     _add_request_flags(gen)
 
-    serve = sub.add_parser("serve", help="serve the draft, target and orchestrator on this machine")
-    _add_model_flags(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="orchestrator interface; 0.0.0.0 opens it to the network")
-    serve.add_argument("--port", type=int, default=50051)
-    serve.add_argument("--no-pipeline", action="store_true", help="do not pre-draft while the target verifies")
+    serve = sub.add_parser("serve", help="serve draft and target replicas (Ray actors) and the orchestrator")
+    _add_deploy_flags(serve)
 
-    demo = sub.add_parser("demo", help="start the served stack, send one code prompt, print text and stats")
-    _add_model_flags(demo)
+    demo = sub.add_parser("demo", help="start the served stack on a local Ray instance, send one code prompt")
+    _add_deploy_flags(demo)
     _add_request_flags(demo)
+
+    scale = sub.add_parser("scale", help="change or list the replicas behind a running orchestrator")
+    scale.add_argument("--address", required=True, help="the orchestrator, HOST:PORT")
+    scale.add_argument("--draft-replicas", type=int)
+    scale.add_argument("--target-replicas", type=int)
+    scale.add_argument("--wait", action="store_true", help="return once every wanted replica serves")
+    scale.add_argument("--timeout", type=float, default=900.0, help="seconds for the call (and --wait)")
 
     bench = sub.add_parser("bench", help="HumanEval throughput: target-only vs speculative vs HF assisted")
     _add_model_flags(bench)
@@ -283,7 +385,7 @@ def _configure_logging(verbose: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _configure_logging(args.verbose)
+    _configure_logging(args.verbose or args.command == "serve")  # a server says where it listens
     try:
         if args.command == "generate":
             return cmd_generate(args)
@@ -291,12 +393,17 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_demo(args)
         if args.command == "serve":
             return cmd_serve(args)
+        if args.command == "scale":
+            return cmd_scale(args)
         if args.command == "bench":
             return cmd_bench(args)
         return cmd_models(args)
     except ValueError as error:  # bad input: say what was wrong, no traceback
         print(f"specserve: error: {error}", file=sys.stderr)
         return 2
+    except grpc.RpcError as error:  # a server answered with an error, or none answered
+        print(f"specserve: error: {error.code().name}: {error.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        return 1
 
 
 if __name__ == "__main__":

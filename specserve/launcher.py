@@ -1,32 +1,20 @@
-"""`specserve serve` on one machine: draft and target as local processes, the orchestrator here.
-(The Ray builder in deploy/ places the same servers in actors on a cluster.)"""
+"""Draft and target services as child processes of this one, on loopback: the benchmark's served stack.
+(`specserve serve` places the same servers in Ray actors: deploy/.)"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from specserve.models.loading import ModelConfig
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class LocalStackConfig:
-    target: ModelConfig
-    draft: ModelConfig | None
-    num_speculative_tokens: int = 4
-    host: str = "127.0.0.1"
-    port: int = 50051
-    pipelined: bool = True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -42,9 +30,9 @@ def _worker_command(role: str, model: ModelConfig, port: int) -> list[str]:
 
 
 @contextmanager
-def worker_processes(config: LocalStackConfig) -> Iterator[dict[str, str]]:
+def worker_processes(target: ModelConfig, draft: ModelConfig | None) -> Iterator[dict[str, str]]:
     """Start the target (and draft) servers as child processes; stop them on exit, whatever happens."""
-    roles = [("target", config.target)] + ([("draft", config.draft)] if config.draft is not None else [])
+    roles = [("target", target)] + ([("draft", draft)] if draft is not None else [])
     processes: list[subprocess.Popen[bytes]] = []
     addresses = {}
     try:
@@ -63,21 +51,3 @@ def worker_processes(config: LocalStackConfig) -> Iterator[dict[str, str]]:
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 process.kill()
-
-
-async def serve_local(
-    config: LocalStackConfig, on_listening: Callable[[str], None] | None = None, stop: asyncio.Event | None = None
-) -> None:
-    from orchestrator.server import serve
-    from orchestrator.service import OrchestratorConfig
-
-    with worker_processes(config) as addresses:
-        orchestrator = OrchestratorConfig(
-            target_address=addresses["target"],
-            draft_address=addresses.get("draft"),
-            num_speculative_tokens=config.num_speculative_tokens if config.draft else 0,
-            pipelined=config.pipelined,
-            host=config.host,
-            port=config.port,
-        )
-        await serve(orchestrator, on_listening, stop)

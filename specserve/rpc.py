@@ -36,11 +36,15 @@ class UnavailableError(RuntimeError):
     """The server cannot answer yet (model loading) or any more (shutting down)."""
 
 
+class PreconditionError(RuntimeError):
+    """The request is valid but this deployment cannot carry it out (e.g. scaling fixed addresses)."""
+
+
 def status_for(error: BaseException) -> grpc.StatusCode:
     """The one mapping from exceptions to status codes."""
     if isinstance(error, SessionNotFoundError):
         return grpc.StatusCode.NOT_FOUND
-    if isinstance(error, TokenizerMismatchError):
+    if isinstance(error, (TokenizerMismatchError, PreconditionError)):
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(error, (ValueError, UnicodeError)):
         return grpc.StatusCode.INVALID_ARGUMENT

@@ -4,6 +4,7 @@ background thread, so synchronous tests can call it through the real gRPC client
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -15,8 +16,16 @@ from specserve.models.loading import ModelConfig
 
 
 class LocalStack:
-    def __init__(self, target: str = "tiny", draft: str | None = "tiny-draft", k: int = 4, pipelined: bool = True):
+    def __init__(
+        self,
+        target: str = "tiny",
+        draft: str | None = "tiny-draft",
+        k: int = 4,
+        pipelined: bool = True,
+        num_targets: int = 1,
+    ):
         self.target_name, self.draft_name, self.k, self.pipelined = target, draft, k, pipelined
+        self.num_targets = num_targets
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="stack-loop", daemon=True)
         self.stops: dict[str, asyncio.Event] = {}
@@ -26,7 +35,8 @@ class LocalStack:
     def __enter__(self) -> LocalStack:
         self.thread.start()
         try:
-            self.start_worker("target")
+            for i in range(self.num_targets):
+                self.start_worker("target", name="target" if i == 0 else f"target-{i}")
             if self.draft_name is not None:
                 self.start_worker("draft")
             self.start_orchestrator()
@@ -57,40 +67,40 @@ class LocalStack:
         self.addresses[name] = listening.result()
         return self.addresses[name]
 
-    def start_worker(self, role: str, port: int = 0) -> str:
+    def start_worker(self, role: str, port: int = 0, name: str | None = None, model: str | None = None) -> str:
+        """Start a `role` server, known as `name` (default: the role), serving `model` (default: the role's)."""
         if role == "draft":
             from draft_service.server import serve
         else:
             from target_service.server import serve
-        name = self.draft_name if role == "draft" else self.target_name
-        assert name is not None
-        config = WorkerServiceConfig(ModelConfig(name, device="cpu", dtype="float32"), port=port)
-        return self._start(role, serve, config)
+        model = model or (self.draft_name if role == "draft" else self.target_name)
+        assert model is not None
+        config = WorkerServiceConfig(ModelConfig(model, device="cpu", dtype="float32"), port=port)
+        return self._start(name or role, serve, config)
 
-    def stop_worker(self, role: str, timeout: float = 30.0) -> None:
-        self.loop.call_soon_threadsafe(self.stops[role].set)
-        self.tasks[role].result(timeout)
+    def stop_worker(self, name: str, timeout: float = 30.0) -> None:
+        self.loop.call_soon_threadsafe(self.stops[name].set)
+        self.tasks[name].result(timeout)
 
     def start_orchestrator(self) -> str:
+        from orchestrator.replicas import StaticFleet
         from orchestrator.server import serve
         from orchestrator.service import OrchestratorConfig
 
-        config = OrchestratorConfig(
-            target_address=self.addresses["target"],
-            draft_address=self.addresses.get("draft"),
-            num_speculative_tokens=self.k if self.draft_name else 0,
-            pipelined=self.pipelined,
-            port=0,
+        k = self.k if self.draft_name else 0
+        config = OrchestratorConfig(num_speculative_tokens=k, pipelined=self.pipelined, port=0)
+        fleet = StaticFleet(
+            {role: [a for name, a in self.addresses.items() if name.startswith(role)] for role in ("target", "draft")}
         )
-        return self._start("orchestrator", serve, config)
+        return self._start("orchestrator", functools.partial(serve, fleet=fleet), config)
 
     @property
     def address(self) -> str:
         return self.addresses["orchestrator"]
 
     def close(self) -> None:
-        for name in ("orchestrator", "draft", "target"):
-            if name in self.stops and not self.tasks[name].done():
+        for name in ["orchestrator", *[n for n in self.stops if n != "orchestrator"]]:
+            if not self.tasks[name].done():
                 self.loop.call_soon_threadsafe(self.stops[name].set)
                 try:
                     self.tasks[name].result(30)

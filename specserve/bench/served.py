@@ -1,5 +1,6 @@
 """The served stack for `specserve bench --served`: draft and target services in child processes, a
-pipelined and an unpipelined orchestrator over them in this process, called through the gRPC client."""
+pipelined and an unpipelined orchestrator over them in this process, called through the gRPC client.
+(Processes rather than Ray actors: the same servers, with nothing else on the bench's two cores.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from specserve.core.stats import SpeculationStats
-from specserve.launcher import LocalStackConfig, free_port, worker_processes
+from specserve.launcher import free_port, worker_processes
 from specserve.models.loading import ModelConfig
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 class ServedStack:
     def __init__(self, target: ModelConfig, draft: ModelConfig) -> None:
-        self.config = LocalStackConfig(target, draft)
+        self.target, self.draft = target, draft
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="served-bench", daemon=True)
         self.exits = ExitStack()
@@ -30,16 +31,18 @@ class ServedStack:
 
     def __enter__(self) -> ServedStack:
         from orchestrator.client import SpecServeClient
+        from orchestrator.replicas import StaticFleet
         from orchestrator.server import serve
         from orchestrator.service import OrchestratorConfig
 
-        workers = self.exits.enter_context(worker_processes(self.config))
+        workers = self.exits.enter_context(worker_processes(self.target, self.draft))
         self.thread.start()
         self.stop = asyncio.run_coroutine_threadsafe(_event(), self.loop).result()
         for pipelined in (True, False):
             port = free_port()
-            config = OrchestratorConfig(workers["target"], workers["draft"], 4, pipelined, port=port)
-            self.tasks.append(asyncio.run_coroutine_threadsafe(serve(config, stop=self.stop), self.loop))
+            config = OrchestratorConfig(4, pipelined, port=port)
+            fleet = StaticFleet({role: [workers[role]] for role in ("target", "draft")})
+            self.tasks.append(asyncio.run_coroutine_threadsafe(serve(config, fleet, stop=self.stop), self.loop))
             self.addresses[pipelined] = f"127.0.0.1:{port}"
         self.clients = {p: SpecServeClient(a) for p, a in self.addresses.items()}
         for client in self.clients.values():  # the orchestrators listen once both workers have loaded

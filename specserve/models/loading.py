@@ -61,8 +61,9 @@ class ModelConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
     def resolve_device(self) -> torch.device:
+        """Where inputs go: with several GPUs visible, the first (the model spans them all)."""
         if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
@@ -119,8 +120,10 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
     else:
         directory = ensure_converted(preset, home, progress) if preset is not None else config.name
         tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=config.trust_remote_code)
+        # a replica given several GPUs (Ray sets CUDA_VISIBLE_DEVICES) splits its layers over all of them
+        spans_gpus = config.device == "auto" and device.type == "cuda" and torch.cuda.device_count() > 1
         model = AutoModelForCausalLM.from_pretrained(
-            directory, dtype=dtype, device_map=str(device), use_safetensors=True,
+            directory, dtype=dtype, device_map="auto" if spans_gpus else str(device), use_safetensors=True,
             trust_remote_code=config.trust_remote_code,
         )  # fmt: skip
         if device.type == "cpu":

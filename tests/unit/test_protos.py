@@ -29,4 +29,4 @@ def test_package_is_versioned() -> None:
     from protos import specserve_pb2
 
     assert specserve_pb2.DESCRIPTOR.package == "specserve.v1"
-    assert set(specserve_pb2.DESCRIPTOR.services_by_name) == {"Orchestrator", "DraftService", "TargetService"}
+    assert set(specserve_pb2.DESCRIPTOR.services_by_name) == {"Orchestrator", "Admin", "DraftService", "TargetService"}

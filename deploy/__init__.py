@@ -1,0 +1,1 @@
+"""Placement: the Ray actors, the fleet and the deployment config; the only package that imports ray."""

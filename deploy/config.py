@@ -1,0 +1,197 @@
+"""One typed config for a deployment: the Ray cluster, each role's model, replicas and resources, and the
+orchestrator. Read from YAML or TOML (`specserve serve --config FILE`); flags override the file."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.service import OrchestratorConfig
+from specserve.models.loading import ModelConfig
+from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+ROLES = ("draft", "target")
+
+
+@dataclass(frozen=True, slots=True)
+class RoleConfig:
+    """The replicas of one role (draft or target): what they load and what each one asks Ray for."""
+
+    model: ModelConfig
+    replicas: int = 1
+    """Replicas started at launch; `specserve scale` changes the number while serving."""
+    num_gpus: float = 0.0
+    """GPUs per replica. A fraction below 1 shares a GPU (a small draft); a whole number above 1 spans that
+    many GPUs of one node (a large target, its layers split over them by device_map=auto)."""
+    num_cpus: float = 1.0
+    """CPUs per replica, as Ray accounts them."""
+    resources: Mapping[str, float] = field(default_factory=dict)
+    """Custom Ray resources per replica, e.g. {"large_gpu": 1}: pins the role to nodes that declare them."""
+    accelerator_type: str | None = None
+    """Ray accelerator type (e.g. "L4", "H100"): pins the role to nodes with that GPU."""
+    max_restarts: int = -1
+    """How often Ray restarts a dead replica (-1: always). A restarted replica rejoins on its own."""
+    max_sessions: int = 256
+    """Sessions (KV caches) one replica keeps; the least recently used is evicted beyond it."""
+    idle_ttl_s: float = 300.0
+    """A session unused this long is evicted (the orchestrator prefills again if it comes back)."""
+    cpu_threads: int | None = None
+    """Torch threads for CPU inference; None uses every core of the node (Ray would otherwise cap
+    OMP_NUM_THREADS at num_cpus)."""
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {self.replicas}")
+        if self.num_gpus < 0 or (self.num_gpus > 1 and not float(self.num_gpus).is_integer()):
+            raise ValueError(f"num_gpus must be a fraction up to 1 or a whole number of GPUs, got {self.num_gpus}")
+        if self.num_cpus < 0:
+            raise ValueError(f"num_cpus must be >= 0, got {self.num_cpus}")
+        for name, amount in self.resources.items():
+            if not name or amount <= 0 or not math.isfinite(amount):
+                raise ValueError(f"resources[{name!r}] must be a positive amount, got {amount}")
+        if self.max_restarts < -1:
+            raise ValueError(f"max_restarts must be -1 (always) or >= 0, got {self.max_restarts}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.idle_ttl_s <= 0:
+            raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
+
+    def ray_resources(self) -> dict[str, float]:
+        """What one replica asks of its node, in Ray's names (as a KubeRay worker group must offer)."""
+        wanted = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
+        if self.accelerator_type:
+            wanted[f"accelerator_type:{self.accelerator_type}"] = 0.001
+        return {name: amount for name, amount in wanted.items() if amount > 0}
+
+
+@dataclass(frozen=True, slots=True)
+class RayConfig:
+    address: str | None = None
+    """None starts a local Ray instance on this machine (on loopback); `auto` joins the cluster this node
+    belongs to; `ray://HOST:10001` connects through Ray Client."""
+    namespace: str = "specserve"
+    worker_host: str = "node-ip"
+    """Where workers listen: `node-ip` (the node's address in the Ray cluster) or an interface address."""
+    ready_timeout_s: float = 900.0
+    """How long start-up waits for the first replica of each role (model download and load included)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeployConfig:
+    target: RoleConfig = field(default_factory=lambda: RoleConfig(ModelConfig(DEFAULT_TARGET)))
+    draft: RoleConfig | None = field(
+        default_factory=lambda: RoleConfig(ModelConfig(DEFAULT_DRAFT, quantization="auto"))
+    )
+    """None serves target-only."""
+    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self) -> None:
+        if self.target.replicas < 1:
+            raise ValueError(f"target.replicas must be >= 1, got {self.target.replicas}")
+
+    def role(self, name: str) -> RoleConfig | None:
+        return self.target if name == "target" else self.draft
+
+
+def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> DeployConfig:
+    """The file's settings (YAML or TOML by suffix), then `overrides` ({"target.replicas": 2, ...})."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = read_file(Path(path))
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, dotted, value)
+    return config_from_dict(data)
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        data = yaml.safe_load(text) or {}
+    elif path.suffix == ".toml":
+        data = tomllib.loads(text)
+    else:
+        raise ValueError(f"config file must end in .yaml, .yml or .toml, got {path.name}")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def config_from_dict(data: Mapping[str, Any]) -> DeployConfig:
+    _check_keys(data, DeployConfig, "config")
+    kwargs: dict[str, Any] = {}
+    if "target" in data:
+        kwargs["target"] = _role(data["target"], "target", ModelConfig(DEFAULT_TARGET))
+    if "draft" in data:
+        draft = data["draft"]
+        kwargs["draft"] = None if draft is None or draft == "none" else _role(draft, "draft", _default_draft())
+    if "orchestrator" in data:
+        kwargs["orchestrator"] = _build(OrchestratorConfig, data["orchestrator"], "orchestrator")
+    if "ray" in data:
+        kwargs["ray"] = _build(RayConfig, data["ray"], "ray")
+    return DeployConfig(**kwargs)
+
+
+def _default_draft() -> ModelConfig:
+    return ModelConfig(DEFAULT_DRAFT, quantization="auto")
+
+
+def _role(data: Any, where: str, default_model: ModelConfig) -> RoleConfig:
+    data = dict(_mapping(data, where))
+    model = data.pop("model", None)
+    if model is None:
+        data["model"] = default_model
+    elif isinstance(model, str):  # shorthand: the name alone, the role's defaults otherwise
+        data["model"] = dataclasses.replace(default_model, name=model)
+    else:
+        data["model"] = _build(ModelConfig, {"name": default_model.name, **_mapping(model, f"{where}.model")},
+                               f"{where}.model", defaults=default_model)  # fmt: skip
+    return _build(RoleConfig, data, where)
+
+
+def _build(cls: type, data: Any, where: str, defaults: Any = None) -> Any:
+    data = _mapping(data, where)
+    _check_keys(data, cls, where)
+    if defaults is not None:
+        data = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(defaults)} | dict(data)
+    try:
+        return cls(**data)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from error
+
+
+def _mapping(data: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    return data
+
+
+def _check_keys(data: Mapping[str, Any], cls: type, where: str) -> None:
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {allowed}")
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for name in parents:
+        child = node.get(name)
+        if child is None or child == "none":
+            child = {}
+        elif isinstance(child, str):  # a model given by name alone
+            child = {"name": child}
+        node[name] = child
+        node = child
+    node[leaf] = value

@@ -1,0 +1,222 @@
+"""The replicas of one role as the orchestrator sees them: discovered from a Fleet, admitted once they
+serve the same model, and handed to new sessions least-loaded first. A session keeps its replica (its
+KV cache lives there) until that replica fails; then the request moves to another one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from orchestrator.remote import DraftClient, ModelInfo, TargetClient
+from specserve.rpc import PreconditionError
+
+logger = logging.getLogger(__name__)
+
+Drain = Callable[[Sequence[str]], Awaitable[None]]
+"""Stop sending new sessions to these addresses and wait (bounded) for their sessions to finish."""
+
+
+class ScalingUnsupportedError(PreconditionError):
+    """The fleet's replicas are fixed addresses; nothing can start or stop them."""
+
+
+class Fleet(Protocol):
+    """Where replicas come from: fixed addresses (StaticFleet) or actors on a Ray cluster (deploy/)."""
+
+    async def addresses(self, role: str) -> list[str]:
+        """Addresses of the role's replicas that are listening now (they may still be loading)."""
+        ...
+
+    def desired(self, role: str) -> int:
+        """How many replicas of the role the fleet is keeping (started or starting)."""
+        ...
+
+    async def scale(self, role: str, num_replicas: int, drain: Drain) -> None:
+        """Start or stop replicas until `num_replicas` run; replicas to stop are drained first."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class StaticFleet:
+    """Replicas at fixed addresses, started by someone else (tests, `python -m target_service`)."""
+
+    def __init__(self, addresses: dict[str, Sequence[str]]) -> None:
+        self._addresses = {role: list(a) for role, a in addresses.items()}
+
+    async def addresses(self, role: str) -> list[str]:
+        return list(self._addresses.get(role, []))
+
+    def desired(self, role: str) -> int:
+        return len(self._addresses.get(role, []))
+
+    async def scale(self, role: str, num_replicas: int, drain: Drain) -> None:
+        raise ScalingUnsupportedError("this orchestrator serves fixed addresses; scale needs a Ray deployment")
+
+    async def close(self) -> None:
+        return None
+
+
+WorkerClient = DraftClient | TargetClient
+
+
+@dataclass(eq=False)
+class Replica:
+    address: str
+    client: WorkerClient
+    num_sessions: int = 0
+    draining: bool = False
+    failed: bool = False
+    """A call failed; no new sessions until a health check passes again."""
+
+    @property
+    def state(self) -> str:
+        return "failed" if self.failed else "draining" if self.draining else "serving"
+
+
+class ReplicaPool:
+    def __init__(
+        self,
+        role: str,
+        make_client: Callable[[str], WorkerClient],
+        check: Callable[[ModelInfo], None] | None = None,
+    ) -> None:
+        self.role, self.make_client, self.check = role, make_client, check
+        self.replicas: dict[str, Replica] = {}
+        self.info: ModelInfo | None = None
+        """The model every replica must serve: the first admitted replica's."""
+        self.refused: dict[str, ValueError] = {}
+        """Replicas turned away, and why (a different model or tokenizer)."""
+        self._changed = asyncio.Condition()
+
+    @property
+    def service(self) -> str:
+        return f"specserve.v1.{self.role.capitalize()}Service"
+
+    def pick(self, exclude: Collection[Replica] = ()) -> Replica | None:
+        """The usable replica with the fewest sessions, or None."""
+        usable = [r for r in self.replicas.values() if not (r.failed or r.draining) and r not in exclude]
+        return min(usable, key=lambda r: r.num_sessions, default=None)
+
+    async def acquire(self, timeout_s: float, exclude: Collection[Replica] = ()) -> Replica | None:
+        """Pick a replica and count a session on it, waiting up to `timeout_s` for one to be usable."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.pick(exclude) is not None), timeout_s)
+            except TimeoutError:
+                return None
+            replica = self.pick(exclude)
+            assert replica is not None
+            replica.num_sessions += 1
+            return replica
+
+    def try_acquire(self, exclude: Collection[Replica] = ()) -> Replica | None:
+        replica = self.pick(exclude)
+        if replica is not None:
+            replica.num_sessions += 1
+        return replica
+
+    def release(self, replica: Replica) -> None:
+        replica.num_sessions -= 1
+        self._notify()
+
+    def mark_failed(self, replica: Replica, error: BaseException) -> None:
+        if not replica.failed:
+            logger.warning("%s replica %s failed (%s); moving its sessions", self.role, replica.address, error)
+        replica.failed = True
+
+    async def sync(self, addresses: Sequence[str]) -> None:
+        """Admit new addresses that serve the right model, re-check failed ones, drop vanished ones."""
+        for address in set(self.replicas) - set(addresses):
+            self._remove(address, "left the fleet")
+        for address in addresses:
+            replica = self.replicas.get(address)
+            if replica is None:
+                await self._admit(address)
+            elif replica.failed and await _is_serving(replica.client.channel, self.service):
+                logger.info("%s replica %s answers again", self.role, address)
+                replica.failed = False
+        self._notify()
+
+    async def drain(self, addresses: Sequence[str], timeout_s: float) -> None:
+        draining = [self.replicas[a] for a in addresses if a in self.replicas]
+        for replica in draining:
+            replica.draining = True
+        async with self._changed:
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: all(r.num_sessions == 0 for r in draining)), timeout_s
+                )
+            except TimeoutError:
+                busy = {r.address: r.num_sessions for r in draining if r.num_sessions}
+                logger.warning("drain timed out after %.0fs with sessions left %s; they fail over", timeout_s, busy)
+        for replica in draining:
+            self._remove(replica.address, "drained")
+
+    async def close(self) -> None:
+        for address in list(self.replicas):
+            self._remove(address, "closing")
+
+    async def _admit(self, address: str) -> None:
+        client = self.make_client(address)
+        try:
+            if not await _is_serving(client.channel, self.service):
+                await client.close()  # still loading: the next sync looks again
+                return
+            info = await client.model_info()
+        except grpc.aio.AioRpcError as error:
+            logger.debug("%s replica %s not ready: %s", self.role, address, error.code())
+            await client.close()
+            return
+        try:
+            if self.info is not None and _identity(info) != _identity(self.info):
+                raise ValueError(
+                    f"it serves {info.model!r} (tokenizer {info.tokenizer_fingerprint[:12]}), the others "
+                    f"{self.info.model!r} (tokenizer {self.info.tokenizer_fingerprint[:12]})"
+                )
+            if self.check is not None:
+                self.check(info)
+        except ValueError as error:  # TokenizerMismatchError is one
+            if address not in self.refused:
+                logger.error("refusing %s replica %s: %s", self.role, address, error)
+            self.refused[address] = error
+            await client.close()
+            return
+        self.info = self.info or info
+        self.replicas[address] = Replica(address, client)
+        logger.info("%s replica %s joined (%d serving)", self.role, address, len(self.replicas))
+
+    def _remove(self, address: str, why: str) -> None:
+        replica = self.replicas.pop(address, None)
+        if replica is None:
+            return
+        replica.failed = True  # sessions still holding it move elsewhere on their next failed call
+        asyncio.ensure_future(replica.client.close(grace_s=5.0))
+        logger.info("%s replica %s removed (%s)", self.role, address, why)
+
+    def _notify(self) -> None:
+        async def notify() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        asyncio.ensure_future(notify())
+
+
+def _identity(info: ModelInfo) -> tuple[str, str, int, int]:
+    return info.model, info.tokenizer_fingerprint, info.vocab_size, info.max_context
+
+
+async def _is_serving(channel: grpc.aio.Channel, service: str, timeout_s: float = 2.0) -> bool:
+    try:
+        response = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+        )
+    except grpc.aio.AioRpcError:
+        return False
+    return response.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,88 @@
+"""The deployment config: files and flags, validation that names the field, what Ray is asked for, and
+how a config meant for GPUs runs on a machine without them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deploy.config import RoleConfig, config_from_dict, load_config
+from deploy.serve import _demand, _on_this_machine
+from specserve.models.loading import ModelConfig
+
+CONFIGS = Path(__file__).parents[2] / "deploy" / "configs"
+
+
+def test_the_shipped_configs_load() -> None:
+    cluster = load_config(CONFIGS / "cluster.yaml")
+    assert cluster.ray.address == "auto" and cluster.orchestrator.host == "0.0.0.0"
+    assert cluster.target.resources == {"large_gpu": 1} and cluster.draft is not None
+    assert cluster.draft.num_gpus == 0.5
+    local = load_config(CONFIGS / "local.toml")
+    assert local.ray.address is None and local.target.model.name == "qwen2.5-coder-1.5b"
+    assert local.draft is not None and local.draft.model.quantization == "auto"
+
+
+def test_flags_override_the_file_and_none_drops_the_draft() -> None:
+    config = load_config(
+        CONFIGS / "cluster.yaml",
+        {"target.replicas": 5, "target.model.dtype": "float32", "orchestrator.port": 0, "draft.num_gpus": None},
+    )
+    assert (config.target.replicas, config.target.model.dtype, config.orchestrator.port) == (5, "float32", 0)
+    assert config.target.model.name == "Qwen/Qwen2.5-Coder-7B-Instruct"  # untouched fields stay
+    assert config.draft is not None and config.draft.num_gpus == 0.5  # None means "not given"
+    assert load_config(CONFIGS / "cluster.yaml", {"draft": "none"}).draft is None
+
+
+def test_a_model_name_alone_keeps_the_roles_defaults() -> None:
+    config = config_from_dict({"draft": {"model": "some/draft"}, "target": {"model": "some/target"}})
+    assert config.draft is not None and config.draft.model == ModelConfig("some/draft", quantization="auto")
+    assert config.target.model == ModelConfig("some/target")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"target": {"replica": 2}}, "unknown key(s) ['replica']"),
+        ({"orchestrator": {"prot": 1}}, "orchestrator: unknown key(s) ['prot']"),
+        ({"target": {"num_gpus": 1.5}}, "num_gpus must be a fraction up to 1 or a whole number"),
+        ({"target": {"replicas": 0}}, "target.replicas must be >= 1"),
+        ({"draft": {"resources": {"small_gpu": 0}}}, "resources['small_gpu'] must be a positive amount"),
+        ({"target": {"model": {"name": "x", "dtype": "float8"}}}, "target.model: dtype must be auto or one of"),
+        ({"ray": "auto"}, "ray: expected a mapping"),
+        ({"orchestrator": {"discovery_interval_s": 0}}, "discovery_interval_s must be > 0"),
+    ],
+)
+def test_bad_settings_name_the_field(data: dict, message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        config_from_dict(data)
+    assert message in str(raised.value)
+
+
+def test_bad_files_are_refused(tmp_path: Path) -> None:
+    for name, text, message in (
+        ("c.json", "{}", "must end in .yaml, .yml or .toml"),
+        ("c.yaml", "- a\n- b\n", "expected a mapping at the top level"),
+    ):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+            load_config(tmp_path / name)
+
+
+def test_ray_resources_per_replica() -> None:
+    role = RoleConfig(ModelConfig("m"), num_gpus=0.5, num_cpus=2, resources={"small_gpu": 0.5}, accelerator_type="L4")
+    assert role.ray_resources() == {"CPU": 2, "GPU": 0.5, "small_gpu": 0.5, "accelerator_type:L4": 0.001}
+    assert RoleConfig(ModelConfig("m"), num_cpus=0).ray_resources() == {}
+
+
+def test_a_gpu_config_runs_on_a_machine_without_gpus() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    config = _on_this_machine(load_config(CONFIGS / "cluster.yaml"))
+    assert config.ray.worker_host == "127.0.0.1"  # everything on loopback
+    assert config.target.num_gpus == 0 and config.draft is not None and config.draft.num_gpus == 0
+    assert config.target.resources == {"large_gpu": 1}  # custom resources stay: the local instance offers them
+    assert _demand(config) == {"CPU": 2 * 4 + 2 * 2, "large_gpu": 2, "small_gpu": 1}
