@@ -42,6 +42,8 @@ class RoleConfig:
     """Sessions (KV caches) one replica keeps; the least recently used is evicted beyond it."""
     idle_ttl_s: float = 300.0
     """A session unused this long is evicted (the orchestrator prefills again if it comes back)."""
+    max_batch_size: int = 16
+    """Sessions one forward pass of a replica serves at most (continuous batching)."""
     cpu_threads: int | None = None
     """Torch threads for CPU inference; None uses every core of the node (Ray would otherwise cap
     OMP_NUM_THREADS at num_cpus)."""
@@ -64,6 +66,8 @@ class RoleConfig:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if self.idle_ttl_s <= 0:
             raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
 
     def ray_resources(self) -> dict[str, float]:
         """What one replica asks of its node, in Ray's names (as a KubeRay worker group must offer)."""

@@ -100,7 +100,12 @@ class RayFleet:
             self._num_created[role] += 1
         name = f"specserve-{role}-{index}"
         service = WorkerServiceConfig(
-            role_config.model, self.config.ray.worker_host, 0, role_config.max_sessions, role_config.idle_ttl_s
+            role_config.model,
+            self.config.ray.worker_host,
+            0,
+            role_config.max_sessions,
+            role_config.idle_ttl_s,
+            role_config.max_batch_size,
         )
         actor = (
             ray.remote(WorkerActor)

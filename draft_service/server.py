@@ -24,7 +24,7 @@ async def serve(
         return DraftWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s)
 
     await serve_worker(
-        DraftServicer(),
+        DraftServicer(config.max_batch_size),
         SERVICE,
         make_worker,
         config.host,

@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import grpc
 
-from draft_service.worker import DraftWorker
+from draft_service.worker import DraftWorker, ProposeCall
 from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from protos.session_servicer import SessionServicer
-from specserve.rpc import unary_errors
+from specserve.core.types import Proposal
+from specserve.rpc import BatchQueue, unary_errors
 
 
 class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
     executor_name = "draft-model"
     worker: DraftWorker
+    queue: BatchQueue[ProposeCall, Proposal]
+
+    def attach(self, worker: DraftWorker) -> None:
+        super().attach(worker)
+        self.queue = BatchQueue(self.executor, worker.propose_batch, lambda c: c.session_id, self.max_batch_size)
 
     @unary_errors
     async def Propose(self, request: pb.ProposeRequest, context: grpc.aio.ServicerContext) -> pb.ProposeResponse:
         sampling = convert.sampling_from_proto(request.sampling)
         if request.k < 1:
             raise ValueError(f"k must be >= 1, got {request.k}")
-        proposal, seconds = await self.executor.timed(
-            self.worker.propose, request.session_id, request.num_kept, list(request.new_token_ids), request.k, sampling
-        )
+        call = ProposeCall(request.session_id, request.num_kept, list(request.new_token_ids), request.k, sampling)
+        proposal, seconds, batch_size = await self.queue.submit(call)
         response = convert.proposal_to_proto(proposal)
-        response.compute_ms = seconds * 1000
+        response.compute_ms, response.batch_size = seconds * 1000, batch_size
         return response

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specserve.core.types import Proposal, SamplingParams
 from specserve.core.verify import DRAFT_STREAM, logits_to_probs, make_generator, sample, truncate_support
+from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence, check_token_ids
-from specserve.sessions import SessionStore
+from specserve.sessions import SessionNotFoundError, SessionStore
+
+
+@dataclass(frozen=True, slots=True)
+class ProposeCall:
+    session_id: str
+    num_kept: int
+    new_token_ids: list[int]
+    k: int
+    sampling: SamplingParams
 
 
 class DraftWorker:
@@ -31,14 +43,44 @@ class DraftWorker:
         self, session_id: str, num_kept: int, new_token_ids: list[int], k: int, sampling: SamplingParams
     ) -> Proposal:
         """Commit the previous round's outcome, then propose k tokens: one call per round."""
-        session = self.sessions.get(session_id)
-        check_token_ids(new_token_ids, self.loaded, "new_token_ids")
-        if not 0 <= num_kept <= len(session.sequence.token_ids):
-            raise ValueError(f"num_kept must be in [0, {len(session.sequence.token_ids)}], got {num_kept}")
-        if len(new_token_ids) + num_kept + k > self.loaded.max_context:
+        result = self.propose_batch([ProposeCall(session_id, num_kept, new_token_ids, k, sampling)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def propose_batch(self, calls: list[ProposeCall]) -> list[Proposal | Exception]:
+        """Propose for many sessions at once: each draft step is one pass over every session still drafting."""
+        results: list[Proposal | Exception] = [ValueError("not run")] * len(calls)
+        active: list[tuple[int, DraftSession, ProposeCall, int]] = []  # (index, session, call, start)
+        for i, call in enumerate(calls):
+            try:
+                if any(c.session_id == call.session_id for _, _, c, _ in active):
+                    raise ValueError(f"session {call.session_id!r} is already drafting")
+                session = self._checked(call)
+            except (ValueError, SessionNotFoundError) as error:
+                results[i] = error
+                continue
+            session.commit(call.num_kept, call.new_token_ids)
+            active.append((i, session, call, len(session.sequence.token_ids)))
+        drafting = [a for a in active if a[2].k > 0]
+        while drafting:
+            logits = feed_batch([s.sequence for _, s, _, _ in drafting], [1] * len(drafting))
+            for (_, session, call, _), row in zip(drafting, logits):
+                session.step(row[-1], call.sampling)  # [vocab]
+            drafting = [a for a in drafting if len(a[1].sequence.token_ids) - a[3] < a[2].k]
+        for i, session, _, start in active:
+            results[i] = session.take_proposal(start)
+        return results
+
+    def _checked(self, call: ProposeCall) -> DraftSession:
+        session = self.sessions.get(call.session_id)
+        check_token_ids(call.new_token_ids, self.loaded, "new_token_ids")
+        num_tokens = len(session.sequence.token_ids)
+        if not 0 <= call.num_kept <= num_tokens:
+            raise ValueError(f"num_kept must be in [0, {num_tokens}], got {call.num_kept}")
+        if len(call.new_token_ids) + call.num_kept + call.k > self.loaded.max_context:
             raise ValueError(f"the draft's context holds {self.loaded.max_context} tokens")
-        session.commit(num_kept, new_token_ids)
-        return session.propose(k, sampling)
+        return session
 
     def release(self, session_id: str) -> bool:
         return self.sessions.pop(session_id) is not None
@@ -52,6 +94,7 @@ class DraftSession:
             raise ValueError("the prompt must contain at least one token")
         self.sequence = CachedSequence(loaded.model, prompt_token_ids)
         self.generator = make_generator(seed, DRAFT_STREAM)
+        self._probs_rows: list[torch.Tensor] = []
 
     def prefill(self) -> None:
         """Cache all prompt tokens but the last, which the first propose() feeds."""
@@ -59,20 +102,25 @@ class DraftSession:
             self.sequence.feed(1, upto=len(self.sequence.token_ids) - 1)
 
     def propose(self, k: int, sampling: SamplingParams) -> Proposal:
-        sequence = self.sequence
-        start = len(sequence.token_ids)
-        probs_rows: list[torch.Tensor] = []
+        start = len(self.sequence.token_ids)
         for _ in range(k):
-            logits = sequence.feed(1)[-1]  # [vocab]; feeds the accepted tokens first, then each proposal
-            if sampling.greedy:
-                token_id = int(logits.argmax())
-            else:
-                probs = truncate_support(logits_to_probs(logits[None], sampling))[0]
-                probs_rows.append(probs)
-                token_id = sample(probs, self.generator)
-            sequence.token_ids.append(token_id)
-        proposed = sequence.token_ids[start:]
-        return Proposal(proposed, torch.stack(probs_rows) if probs_rows else None)
+            self.step(self.sequence.feed(1)[-1], sampling)  # feeds the accepted tokens first, then each proposal
+        return self.take_proposal(start)
+
+    def step(self, logits: torch.Tensor, sampling: SamplingParams) -> None:
+        """Draft one token from logits [vocab] at the end of the sequence."""
+        if sampling.greedy:
+            token_id = int(logits.argmax())
+        else:
+            probs = truncate_support(logits_to_probs(logits[None], sampling))[0]
+            self._probs_rows.append(probs)
+            token_id = sample(probs, self.generator)
+        self.sequence.token_ids.append(token_id)
+
+    def take_proposal(self, start: int) -> Proposal:
+        """The tokens drafted since `start`, with their distributions when sampling."""
+        rows, self._probs_rows = self._probs_rows, []
+        return Proposal(self.sequence.token_ids[start:], torch.stack(rows) if rows else None)
 
     def commit(self, num_kept: int, new_token_ids: list[int]) -> None:
         self.sequence.truncate(num_kept)

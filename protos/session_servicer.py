@@ -17,6 +17,10 @@ class SessionServicer(WorkerServicer):
 
     fingerprint = ""
 
+    def __init__(self, max_batch_size: int = 16) -> None:
+        super().__init__()
+        self.max_batch_size = max_batch_size
+
     def attach(self, worker: Any) -> None:
         super().attach(worker)
         self.fingerprint = TokenizerSpec.of(worker.loaded.tokenizer, worker.loaded.vocab_size).fingerprint()

@@ -229,14 +229,16 @@ class ProposeRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., num_kept: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("token_ids", "probs", "compute_ms")
+    __slots__ = ("token_ids", "probs", "compute_ms", "batch_size")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: SparseProbs
     compute_ms: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+    batch_size: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "draft_token_ids", "draft_probs", "sampling")
@@ -251,14 +253,16 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("token_ids", "num_accepted", "compute_ms")
+    __slots__ = ("token_ids", "num_accepted", "compute_ms", "batch_size")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_accepted: int
     compute_ms: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+    batch_size: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -357,11 +357,14 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--idle-ttl-s", type=float, default=300.0)
+    parser.add_argument("--max-batch-size", type=int, default=16, help="sessions per forward pass at most")
     args = parser.parse_args(argv)
     _configure_logging(verbose=True)
     try:
         model = ModelConfig(args.model, args.device, args.dtype, args.trust_remote_code, args.quantization)
-        config = WorkerServiceConfig(model, args.host, args.port, args.max_sessions, args.idle_ttl_s)
+        config = WorkerServiceConfig(
+            model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size
+        )
     except ValueError as error:
         print(f"{role}_service: error: {error}", file=sys.stderr)
         return 2

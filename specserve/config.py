@@ -64,6 +64,8 @@ class WorkerServiceConfig:
     """Sessions (KV caches) kept at once; the least recently used is evicted beyond it."""
     idle_ttl_s: float = 300.0
     """A session unused this long is evicted; its next use gets NOT_FOUND and the orchestrator prefills again."""
+    max_batch_size: int = 16
+    """Sessions served by one forward pass at most (continuous batching of Verify / Propose calls)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -72,3 +74,5 @@ class WorkerServiceConfig:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if self.idle_ttl_s <= 0:
             raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")

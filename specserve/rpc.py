@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 << 20  # a round's payload is O(k); anything near this is an error or an attack
 T = TypeVar("T")
+C = TypeVar("C")
+R = TypeVar("R")
 
 
 class OverloadedError(RuntimeError):
@@ -134,6 +136,67 @@ class ModelExecutor:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class BatchQueue(Generic[C, R]):
+    """Continuous batching: calls that arrive while the model is busy run together in its next pass.
+
+    No call waits for company: an idle model takes a lone call at once, and whatever queued during a
+    pass (up to `max_batch_size`, one call per session) forms the next batch.
+    """
+
+    def __init__(
+        self,
+        executor: ModelExecutor,
+        run_batch: Callable[[list[C]], list[R | Exception]],
+        session_of: Callable[[C], str],
+        max_batch_size: int,
+    ) -> None:
+        self.executor, self.run_batch, self.session_of = executor, run_batch, session_of
+        self.max_batch_size = max_batch_size
+        self._waiting: list[tuple[C, asyncio.Future[tuple[R, float, int]]]] = []
+        self._running = False
+        self.num_batches = self.num_calls = 0
+
+    async def submit(self, call: C) -> tuple[R, float, int]:
+        """(result, seconds the batch computed, how many calls shared it); raises the call's own error."""
+        future: asyncio.Future[tuple[R, float, int]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((call, future))
+        if not self._running:
+            self._running = True
+            asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                batch = self._take_batch()
+                try:
+                    results, seconds = await self.executor.timed(self.run_batch, [call for call, _ in batch])
+                except Exception as error:  # noqa: BLE001 - the whole pass failed: every call in it hears why
+                    results, seconds = [error] * len(batch), 0.0
+                self.num_batches, self.num_calls = self.num_batches + 1, self.num_calls + len(batch)
+                for (_, future), result in zip(batch, results):
+                    if future.done():  # the caller went away
+                        continue
+                    if isinstance(result, Exception):
+                        future.set_exception(result)
+                    else:
+                        future.set_result((result, seconds, len(batch)))
+        finally:
+            self._running = False
+
+    def _take_batch(self) -> list[tuple[C, asyncio.Future[tuple[R, float, int]]]]:
+        batch, rest, sessions = [], [], set()
+        for item in self._waiting:
+            session = self.session_of(item[0])
+            if len(batch) < self.max_batch_size and session not in sessions and not item[1].done():
+                batch.append(item)
+                sessions.add(session)
+            elif not item[1].done():
+                rest.append(item)
+        self._waiting = rest
+        return batch
 
 
 def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> None:

@@ -24,7 +24,7 @@ async def serve(
         return TargetWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s)
 
     await serve_worker(
-        TargetServicer(),
+        TargetServicer(config.max_batch_size),
         SERVICE,
         make_worker,
         config.host,

@@ -8,13 +8,19 @@ from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from protos.session_servicer import SessionServicer
-from specserve.rpc import unary_errors
-from target_service.worker import TargetWorker
+from specserve.core.types import Verdict
+from specserve.rpc import BatchQueue, unary_errors
+from target_service.worker import TargetWorker, VerifyCall
 
 
 class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
     executor_name = "target-model"
     worker: TargetWorker
+    queue: BatchQueue[VerifyCall, Verdict]
+
+    def attach(self, worker: TargetWorker) -> None:
+        super().attach(worker)
+        self.queue = BatchQueue(self.executor, worker.verify_batch, lambda c: c.session_id, self.max_batch_size)
 
     @unary_errors
     async def Verify(self, request: pb.VerifyRequest, context: grpc.aio.ServicerContext) -> pb.VerifyResponse:
@@ -23,7 +29,7 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
         proposal = convert.proposal_from_proto(
             list(request.draft_token_ids), draft_probs, self.worker.loaded.vocab_size
         )
-        verdict, seconds = await self.executor.timed(self.worker.verify, request.session_id, proposal, sampling)
+        verdict, seconds, batch_size = await self.queue.submit(VerifyCall(request.session_id, proposal, sampling))
         response = convert.verdict_to_proto(verdict)
-        response.compute_ms = seconds * 1000
+        response.compute_ms, response.batch_size = seconds * 1000, batch_size
         return response

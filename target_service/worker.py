@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.core.verify import TARGET_STREAM, greedy_verify, logits_to_probs, make_generator, rejection_sample
+from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence, check_token_ids
-from specserve.sessions import SessionStore
+from specserve.sessions import SessionNotFoundError, SessionStore
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyCall:
+    session_id: str
+    proposal: Proposal
+    sampling: SamplingParams
 
 
 class TargetWorker:
@@ -26,12 +38,39 @@ class TargetWorker:
         self.sessions.put(session_id, session)
 
     def verify(self, session_id: str, proposal: Proposal, sampling: SamplingParams) -> Verdict:
-        session = self.sessions.get(session_id)
+        result = self.verify_batch([VerifyCall(session_id, proposal, sampling)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def verify_batch(self, calls: list[VerifyCall]) -> list[Verdict | Exception]:
+        """Verify the windows of many sessions in one target pass; a bad call fails alone."""
+        results: list[Verdict | Exception] = [ValueError("not run")] * len(calls)
+        ready: list[tuple[int, TargetSession, VerifyCall]] = []
+        for i, call in enumerate(calls):
+            try:
+                if any(c.session_id == call.session_id for _, _, c in ready):
+                    raise ValueError(f"session {call.session_id!r} is already being verified")
+                ready.append((i, self._checked(call), call))
+            except (ValueError, SessionNotFoundError) as error:
+                results[i] = error
+        if ready:
+            num_contexts = [session.begin(call.proposal) for _, session, call in ready]
+            logits = feed_batch([s.sequence for _, s, _ in ready], [len(c.proposal.token_ids) + 1 for _, _, c in ready])
+            for (i, session, call), target_logits, num_context in zip(ready, logits, num_contexts):
+                results[i] = session.finish(call.proposal, call.sampling, target_logits, num_context)
+        return results
+
+    def _checked(self, call: VerifyCall) -> TargetSession:
+        session = self.sessions.get(call.session_id)
+        proposal = call.proposal
         check_token_ids(proposal.token_ids, self.loaded, "draft_token_ids")
         room = self.loaded.max_context - len(session.sequence.token_ids)
         if len(proposal.token_ids) >= room:
             raise ValueError(f"{len(proposal.token_ids)} drafts do not fit: {room} positions left in the context")
-        return session.verify(proposal, sampling)
+        if not call.sampling.greedy and proposal.token_ids and proposal.probs is None:
+            raise ValueError("sampled verification needs the draft probabilities")
+        return session
 
     def release(self, session_id: str) -> bool:
         return self.sessions.pop(session_id) is not None
@@ -51,11 +90,21 @@ class TargetSession:
             self.sequence.feed(1, upto=len(self.sequence.token_ids) - 1)
 
     def verify(self, proposal: Proposal, sampling: SamplingParams) -> Verdict:
-        sequence = self.sequence
+        num_context = self.begin(proposal)
+        target_logits = self.sequence.feed(len(proposal.token_ids) + 1)
+        return self.finish(proposal, sampling, target_logits, num_context)
+
+    def begin(self, proposal: Proposal) -> int:
+        """Queue the proposals behind the pending last context token; returns the context length."""
+        num_context = len(self.sequence.token_ids)
+        self.sequence.token_ids.extend(proposal.token_ids)
+        return num_context
+
+    def finish(
+        self, proposal: Proposal, sampling: SamplingParams, target_logits: torch.Tensor, num_context: int
+    ) -> Verdict:
+        """target_logits: [k + 1, vocab] over the last context token and the k proposals, from one pass."""
         k = len(proposal.token_ids)
-        num_context = len(sequence.token_ids)
-        sequence.token_ids.extend(proposal.token_ids)
-        target_logits = sequence.feed(k + 1)  # [k + 1, vocab]: the last context token + k proposals, one pass
         if sampling.greedy:
             verdict = greedy_verify(proposal.token_ids, target_logits)
         else:
@@ -64,6 +113,6 @@ class TargetSession:
             target_probs = logits_to_probs(target_logits, sampling)  # [k + 1, vocab]
             draft_probs = proposal.probs if k else target_probs[:0]  # [k, vocab]
             verdict = rejection_sample(proposal.token_ids, draft_probs, target_probs, self.generator)
-        sequence.truncate(num_context + verdict.num_accepted)
-        sequence.token_ids.append(verdict.token_ids[-1])
+        self.sequence.truncate(num_context + verdict.num_accepted)
+        self.sequence.token_ids.append(verdict.token_ids[-1])
         return verdict
