@@ -28,7 +28,7 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
         if request.k < 1:
             raise ValueError(f"k must be >= 1, got {request.k}")
         call = ProposeCall(request.session_id, request.num_kept, list(request.new_token_ids), request.k, sampling)
-        proposal, seconds, batch_size = await self.queue.submit(call)
+        proposal, seconds, batch = await self.queue.submit(call)
         response = convert.proposal_to_proto(proposal)
-        response.compute_ms, response.batch_size = seconds * 1000, batch_size
+        response.compute_ms, response.batch_size = seconds * 1000, len(batch)
         return response

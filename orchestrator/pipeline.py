@@ -23,8 +23,9 @@ from typing import TypeVar
 
 import grpc
 
-from orchestrator.remote import DraftClient, TargetClient
+from orchestrator.remote import DraftClient, PassReport, TargetClient
 from orchestrator.replicas import Replica, ReplicaPool
+from specserve.core.adaptive import AdaptiveK
 from specserve.core.loop import Decode, SpeculativeDecoder, StopConditions
 from specserve.core.stats import SpeculationStats
 from specserve.core.types import Proposal, SamplingParams, Verdict
@@ -54,6 +55,8 @@ class RequestPlan:
     pipelined: bool = True
     failover_timeout_s: float = 120.0
     """How long the request waits for a usable target replica (e.g. while Ray restarts the only one)."""
+    adaptive: bool = False
+    """k is the most drafts per round; each round's k follows acceptance, costs and batch size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,9 @@ class RemoteRequest:
         self._draft_lost_at = 0.0
         self._draft_length = 0  # context tokens the draft knows (its last proposal included)
         self._commit: tuple[int, list[int]] = (len(plan.prompt_token_ids), [])  # for the draft's next propose
-        self._predraft: asyncio.Task[Proposal | None] | None = None
+        self._predraft: asyncio.Task[tuple[Proposal, PassReport] | None] | None = None
+        self.policy = AdaptiveK(plan.k) if plan.adaptive and plan.k > 0 else None
+        self._draft_step_s = 0.0  # compute per drafted token in the current window
 
     @property
     def context(self) -> list[int]:
@@ -235,7 +240,7 @@ class RemoteRequest:
     async def _rounds(self) -> AsyncIterator[list[int]]:
         decoder = self.decoder
         ready: Proposal | None = None  # a pre-drafted window that turned out right
-        while (k := decoder.next_k()) is not None:
+        while (k := self._next_k()) is not None:
             t0 = time.perf_counter()
             proposal = ready if ready is not None else await self._propose(k)
             proposal = Proposal(proposal.token_ids[:k], None if proposal.probs is None else proposal.probs[:k])
@@ -247,9 +252,19 @@ class RemoteRequest:
             ready = await self._settle_predraft(predraft, proposal, verdict)
             if ready is None:  # the draft's next propose first drops rejected drafts, appends the new token
                 self._commit = (context_length + verdict.num_accepted, verdict.token_ids[-1:])
+            if self.policy is not None:
+                self.policy.observe(
+                    len(proposal.token_ids), verdict.num_accepted, self._draft_step_s * len(proposal.token_ids)
+                )
             emitted = decoder.apply(proposal, verdict, t1 - t0, t2 - t1)
             if emitted:
                 yield emitted
+
+    def _next_k(self) -> int | None:
+        """The decoder's next window, its k chosen by the adaptive policy first when there is one."""
+        if self.policy is not None and self.target is not None:
+            self.decoder.k = self.policy.choose(self.target.pass_cost, max(1, self.target.num_sessions))
+        return self.decoder.next_k()
 
     async def _propose(self, k: int) -> Proposal:
         self._reattach_draft()
@@ -269,11 +284,12 @@ class RemoteRequest:
         result = await self._on_draft(propose)
         if result is None:
             return Proposal([])
-        proposal, compute_s = result
-        self.decoder.result.stats.transport_s += time.perf_counter() - started - compute_s
+        proposal, report = result
+        self.decoder.result.stats.transport_s += time.perf_counter() - started - report.compute_s
+        self._draft_step_s = report.compute_s / max(1, len(proposal.token_ids))
         return proposal
 
-    def _start_predraft(self, proposal: Proposal) -> asyncio.Task[Proposal | None] | None:
+    def _start_predraft(self, proposal: Proposal) -> asyncio.Task[tuple[Proposal, PassReport] | None] | None:
         """Draft the window after this one, guessing all of it is accepted plus the draft's own bonus."""
         k = len(proposal.token_ids)
         if self.draft is None or k == 0:
@@ -284,27 +300,29 @@ class RemoteRequest:
         self._predraft = asyncio.ensure_future(self._predraft_call(client, self._draft_length, k + 1))
         return self._predraft
 
-    async def _predraft_call(self, client: DraftClient, num_kept: int, k: int) -> Proposal | None:
+    async def _predraft_call(self, client: DraftClient, num_kept: int, k: int) -> tuple[Proposal, PassReport] | None:
         """A failed guess costs nothing: the next propose recovers the session or drops the draft."""
         try:
-            proposal, _ = await client.propose(
-                self.session_id, num_kept, [], k, self.plan.sampling, self.plan.vocab_size
-            )
+            return await client.propose(self.session_id, num_kept, [], k, self.plan.sampling, self.plan.vocab_size)
         except grpc.aio.AioRpcError as error:
             logger.debug("pre-draft failed for session %s: %s", self.session_id, error)
             return None
-        return proposal
 
     async def _settle_predraft(
-        self, predraft: asyncio.Task[Proposal | None] | None, proposal: Proposal, verdict: Verdict
+        self,
+        predraft: asyncio.Task[tuple[Proposal, PassReport] | None] | None,
+        proposal: Proposal,
+        verdict: Verdict,
     ) -> Proposal | None:
         """The next window if the guess held, else None (the draft then proposes afresh)."""
         if predraft is None:
             return None
-        guess = await predraft  # [bonus guess, next window...]
-        if guess is None:
+        result = await predraft
+        if result is None:
             return None
+        guess, report = result  # [bonus guess, next window...]
         self._draft_length += len(guess.token_ids)
+        self._draft_step_s = report.compute_s / max(1, len(guess.token_ids))
         if verdict.num_accepted < len(proposal.token_ids) or verdict.token_ids[-1] != guess.token_ids[0]:
             return None
         self.pipeline.num_predraft_hits += 1
@@ -312,8 +330,10 @@ class RemoteRequest:
 
     async def _verify(self, proposal: Proposal) -> Verdict:
         started = time.perf_counter()
-        verdict, compute_s = await self._on_target(lambda c: c.verify(self.session_id, proposal, self.plan.sampling))
-        self.decoder.result.stats.transport_s += time.perf_counter() - started - compute_s
+        verdict, report = await self._on_target(lambda c: c.verify(self.session_id, proposal, self.plan.sampling))
+        self.decoder.result.stats.transport_s += time.perf_counter() - started - report.compute_s
+        if self.target is not None and report.batch_tokens:
+            self.target.pass_cost.observe(report.batch_tokens, report.compute_s)
         return verdict
 
     async def _release(self) -> None:

@@ -23,6 +23,15 @@ class Deadlines:
 
 
 @dataclass(frozen=True, slots=True)
+class PassReport:
+    """What a worker says about the pass that served a call."""
+
+    compute_s: float
+    batch_size: int
+    batch_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ModelInfo:
     model: str
     tokenizer_fingerprint: str
@@ -68,8 +77,7 @@ class DraftClient(_WorkerClient):
         k: int,
         sampling: SamplingParams,
         vocab_size: int,
-    ) -> tuple[Proposal, float]:
-        """(proposal, seconds the draft computed)."""
+    ) -> tuple[Proposal, PassReport]:
         request = pb.ProposeRequest(
             session_id=session_id,
             num_kept=num_kept,
@@ -79,7 +87,8 @@ class DraftClient(_WorkerClient):
         )
         response = await self.stub.Propose(request, timeout=self.deadlines.round_s)
         probs = response.probs if response.HasField("probs") else None
-        return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size), response.compute_ms / 1000
+        report = PassReport(response.compute_ms / 1000, response.batch_size)
+        return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size), report
 
 
 class TargetClient(_WorkerClient):
@@ -87,8 +96,7 @@ class TargetClient(_WorkerClient):
         super().__init__(address, deadlines)
         self.stub = pb_grpc.TargetServiceStub(self.channel)
 
-    async def verify(self, session_id: str, proposal: Proposal, sampling: SamplingParams) -> tuple[Verdict, float]:
-        """(verdict, seconds the target computed)."""
+    async def verify(self, session_id: str, proposal: Proposal, sampling: SamplingParams) -> tuple[Verdict, PassReport]:
         request = pb.VerifyRequest(
             session_id=session_id,
             draft_token_ids=proposal.token_ids,
@@ -96,7 +104,8 @@ class TargetClient(_WorkerClient):
             sampling=convert.sampling_to_proto(sampling),
         )
         response = await self.stub.Verify(request, timeout=self.deadlines.round_s)
-        return convert.verdict_from_proto(response), response.compute_ms / 1000
+        report = PassReport(response.compute_ms / 1000, response.batch_size, response.batch_tokens)
+        return convert.verdict_from_proto(response), report
 
 
 def _model_info(message: pb.ModelInfoResponse) -> ModelInfo:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.remote import DraftClient, ModelInfo, TargetClient
+from specserve.core.adaptive import PassCost
 from specserve.rpc import PreconditionError
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class Replica:
     draining: bool = False
     failed: bool = False
     """A call failed; no new sessions until a health check passes again."""
+    pass_cost: PassCost = field(default_factory=PassCost)
+    """Seconds of this replica's passes against the tokens in them, as measured (adaptive speculation)."""
 
     @property
     def state(self) -> str:

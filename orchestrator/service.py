@@ -24,7 +24,11 @@ MAX_REPLICAS = 256  # per role: a typo guard for `specserve scale`
 @dataclass(frozen=True, slots=True)
 class OrchestratorConfig:
     num_speculative_tokens: int = 4
-    """k when a request does not say (0 when no draft serves)."""
+    """k when a request does not say and adaptive is off (0 when no draft serves)."""
+    adaptive: bool = True
+    """Requests that do not set k get adaptive speculation: up to max_adaptive_k drafts per round, following
+    their acceptance, the measured draft and target costs and the batch size; 0 when speculation would not pay."""
+    max_adaptive_k: int = 8
     pipelined: bool = True
     """Pre-draft the next window while the target verifies this one."""
     host: str = "127.0.0.1"
@@ -41,6 +45,8 @@ class OrchestratorConfig:
         if not 0 <= self.num_speculative_tokens <= MAX_NUM_SPECULATIVE_TOKENS:
             k, limit = self.num_speculative_tokens, MAX_NUM_SPECULATIVE_TOKENS
             raise ValueError(f"num_speculative_tokens must be in [0, {limit}], got {k}")
+        if not 1 <= self.max_adaptive_k <= MAX_NUM_SPECULATIVE_TOKENS:
+            raise ValueError(f"max_adaptive_k must be in [1, {MAX_NUM_SPECULATIVE_TOKENS}], got {self.max_adaptive_k}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in ("discovery_interval_s", "failover_timeout_s", "drain_timeout_s"):
@@ -86,15 +92,19 @@ class Orchestrator:
                 f"max_tokens {request.max_tokens} does not fit: the prompt has {len(prompt_token_ids)} tokens "
                 f"and the context holds {info.max_context}, leaving {room}"
             )
+        adaptive = self.config.adaptive and request.num_speculative_tokens is None and self.draft_pool is not None
         plan = RequestPlan(
             prompt_token_ids=prompt_token_ids,
-            k=resolve_k(request, self.default_k, self.draft_pool is not None),
+            k=self.config.max_adaptive_k
+            if adaptive
+            else resolve_k(request, self.default_k, self.draft_pool is not None),
             sampling=request.sampling,
             stop=stop_conditions(request, info.eos_token_ids),
             max_context=info.max_context,
             vocab_size=info.vocab_size,
             pipelined=self.config.pipelined if pipelined is None else pipelined,
             failover_timeout_s=self.config.failover_timeout_s,
+            adaptive=adaptive,
         )
         return RemoteRequest(self.target_pool, self.draft_pool, plan, self.decode)
 

@@ -154,13 +154,13 @@ class BatchQueue(Generic[C, R]):
     ) -> None:
         self.executor, self.run_batch, self.session_of = executor, run_batch, session_of
         self.max_batch_size = max_batch_size
-        self._waiting: list[tuple[C, asyncio.Future[tuple[R, float, int]]]] = []
+        self._waiting: list[tuple[C, asyncio.Future[tuple[R, float, list[C]]]]] = []
         self._running = False
         self.num_batches = self.num_calls = 0
 
-    async def submit(self, call: C) -> tuple[R, float, int]:
-        """(result, seconds the batch computed, how many calls shared it); raises the call's own error."""
-        future: asyncio.Future[tuple[R, float, int]] = asyncio.get_running_loop().create_future()
+    async def submit(self, call: C) -> tuple[R, float, list[C]]:
+        """(result, seconds the batch computed, the calls that shared it); raises the call's own error."""
+        future: asyncio.Future[tuple[R, float, list[C]]] = asyncio.get_running_loop().create_future()
         self._waiting.append((call, future))
         if not self._running:
             self._running = True
@@ -171,8 +171,9 @@ class BatchQueue(Generic[C, R]):
         try:
             while self._waiting:
                 batch = self._take_batch()
+                calls = [call for call, _ in batch]
                 try:
-                    results, seconds = await self.executor.timed(self.run_batch, [call for call, _ in batch])
+                    results, seconds = await self.executor.timed(self.run_batch, calls)
                 except Exception as error:  # noqa: BLE001 - the whole pass failed: every call in it hears why
                     results, seconds = [error] * len(batch), 0.0
                 self.num_batches, self.num_calls = self.num_batches + 1, self.num_calls + len(batch)
@@ -182,11 +183,11 @@ class BatchQueue(Generic[C, R]):
                     if isinstance(result, Exception):
                         future.set_exception(result)
                     else:
-                        future.set_result((result, seconds, len(batch)))
+                        future.set_result((result, seconds, calls))
         finally:
             self._running = False
 
-    def _take_batch(self) -> list[tuple[C, asyncio.Future[tuple[R, float, int]]]]:
+    def _take_batch(self) -> list[tuple[C, asyncio.Future[tuple[R, float, list[C]]]]]:
         batch, rest, sessions = [], [], set()
         for item in self._waiting:
             session = self.session_of(item[0])

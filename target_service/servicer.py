@@ -29,7 +29,8 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
         proposal = convert.proposal_from_proto(
             list(request.draft_token_ids), draft_probs, self.worker.loaded.vocab_size
         )
-        verdict, seconds, batch_size = await self.queue.submit(VerifyCall(request.session_id, proposal, sampling))
+        verdict, seconds, batch = await self.queue.submit(VerifyCall(request.session_id, proposal, sampling))
         response = convert.verdict_to_proto(verdict)
-        response.compute_ms, response.batch_size = seconds * 1000, batch_size
+        response.compute_ms, response.batch_size = seconds * 1000, len(batch)
+        response.batch_tokens = sum(len(c.proposal.token_ids) + 1 for c in batch)
         return response
