@@ -264,6 +264,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from specserve.bench.report import format_table
     from specserve.bench.runner import BenchConfig, run_bench
 
+    if args.concurrency:
+        return _bench_load(args)
+
     cfg = BenchConfig(
         target=args.target, draft=args.draft, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
         ks=tuple(args.ks), target_dtype=args.target_dtype, draft_quantization=args.draft_quantization,
@@ -276,6 +279,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     summary["command"] = "specserve " + " ".join(sys.argv[1:])
     print(format_table(summary))
     if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _bench_load(args: argparse.Namespace) -> int:
+    """Closed-loop clients at each concurrency against the served stack: target-only, k=4, adaptive."""
+    from specserve.bench.load import sweep
+    from specserve.bench.runner import humaneval_prompts
+    from specserve.bench.served import ServedStack
+
+    config = _engine_config(args)
+    assert config.draft is not None, "the load sweep compares speculative modes: it needs a draft"
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    prompts = humaneval_prompts(args.num_prompts)
+    with ServedStack(config.target, config.draft) as stack:
+        rows = sweep(stack.clients[True], prompts, args.concurrency, args.max_tokens, args.requests_per_client)
+    if args.json:
+        summary = {"date": started, "command": "specserve " + " ".join(sys.argv[1:]), "rows": rows}
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
@@ -338,6 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--served", action="store_true", help="also measure the served stack over gRPC")
     bench.add_argument("--address", help="also measure a running orchestrator at HOST:PORT (same models)")
     bench.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
+    bench.add_argument(
+        "--concurrency", type=int, nargs="+", help="instead: closed-loop clients at these concurrencies (served)"
+    )
+    bench.add_argument("--requests-per-client", type=int, default=2, help="with --concurrency")
 
     models = sub.add_parser("models", help="list presets; fetch or verify their weights")
     models.add_argument("action", choices=["list", "fetch", "verify"])

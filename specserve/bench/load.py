@@ -1,0 +1,131 @@
+"""`specserve bench --concurrency N ...`: closed-loop clients streaming back-to-back requests through a
+served stack, per mode (target-only, fixed k, adaptive): aggregate output tokens/s, request latency
+p50/p99, time to first token, acceptance, and how often outputs equal target-only's."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+from orchestrator.client import SpecServeClient
+
+MODES: dict[str, int | None] = {"target-only": 0, "k=4": 4, "adaptive": None}
+
+
+@dataclass
+class LoadRun:
+    mode: str
+    concurrency: int
+    seconds: float = 0.0
+    outputs: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (client, request) -> tokens
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    proposed: int = 0
+    accepted: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self, reference: LoadRun | None) -> dict:
+        tokens = sum(len(t) for t in self.outputs.values())
+        identical = None
+        if reference is not None:
+            identical = sum(reference.outputs.get(key) == out for key, out in self.outputs.items())
+        return {
+            "mode": self.mode,
+            "concurrency": self.concurrency,
+            "requests": len(self.outputs),
+            "errors": len(self.errors),
+            "tokens_per_second": tokens / self.seconds if self.seconds else 0.0,
+            "latency_p50_s": _percentile(self.latencies, 50),
+            "latency_p99_s": _percentile(self.latencies, 99),
+            "ttft_p50_ms": 1000 * _percentile(self.ttfts, 50),
+            "tpot_ms": 1000
+            * statistics.mean(
+                (lat - ttft) / max(1, len(out) - 1)
+                for lat, ttft, out in zip(self.latencies, self.ttfts, self.outputs.values())
+            )
+            if self.latencies
+            else 0.0,
+            "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
+            "identical_to_target_only": identical,
+        }
+
+
+def run_load(
+    client: SpecServeClient, mode: str, concurrency: int, prompts: list[str], max_tokens: int, requests_per_client: int
+) -> LoadRun:
+    run = LoadRun(mode, concurrency)
+    lock = threading.Lock()
+
+    def client_loop(index: int) -> None:
+        for j in range(requests_per_client):
+            prompt = prompts[(index * requests_per_client + j) % len(prompts)]
+            started = time.perf_counter()
+            token_ids: list[int] = []
+            ttft = None
+            try:
+                for chunk in client.stream(
+                    prompt, max_tokens=max_tokens, num_speculative_tokens=MODES[mode], ignore_eos=True
+                ):
+                    if chunk.token_ids and ttft is None:
+                        ttft = time.perf_counter() - started
+                    token_ids.extend(chunk.token_ids)
+                    stats = chunk.stats
+            except Exception as error:  # noqa: BLE001 - counted and reported
+                with lock:
+                    run.errors.append(str(error))
+                continue
+            with lock:
+                run.outputs[(index, j)] = token_ids
+                run.latencies.append(time.perf_counter() - started)
+                run.ttfts.append(ttft or 0.0)
+                run.proposed += stats.proposed
+                run.accepted += stats.accepted
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def sweep(
+    client: SpecServeClient,
+    prompts: list[str],
+    concurrencies: list[int],
+    max_tokens: int,
+    requests_per_client: int,
+    log: bool = True,
+) -> list[dict]:
+    """Every mode at every concurrency, modes back to back per concurrency level."""
+    rows = []
+    for concurrency in concurrencies:
+        reference = None
+        for mode in MODES:
+            run = run_load(client, mode, concurrency, prompts, max_tokens, requests_per_client)
+            reference = reference or run
+            rows.append(run.summary(reference))
+            if log:
+                print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+def format_row(row: dict) -> str:
+    acceptance = "" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}"
+    return (
+        f"c={row['concurrency']:<3} {row['mode']:12} {row['tokens_per_second']:7.2f} tok/s  "
+        f"p50 {row['latency_p50_s']:6.2f}s p99 {row['latency_p99_s']:6.2f}s  ttft {row['ttft_p50_ms']:6.0f} ms  "
+        f"tpot {row['tpot_ms']:6.0f} ms  accept {acceptance:4}  identical {row['identical_to_target_only']}"
+        f"/{row['requests']}  errors {row['errors']}"
+    )
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]

@@ -1,0 +1,37 @@
+"""The load sweep against a served stack of tiny models: every request answered, and under batching
+every output equal to target-only's or departing from it only at a near-tie."""
+
+from __future__ import annotations
+
+from orchestrator.client import SpecServeClient
+from specserve.bench.load import run_load, sweep
+from specserve.config import GenerationRequest
+from specserve.engine import SpeculativeEngine
+from specserve.models.loading import LoadedModel
+from tests.helpers import assert_divergence_is_near_tie
+from tests.stack import LocalStack
+
+PROMPTS = ["def add(a, b):", "import os\n", "class Tree:", "# parse the line\n"]
+
+
+def test_concurrent_batched_requests_match_target_only(engine: SpeculativeEngine, tiny_target: LoadedModel) -> None:
+    with LocalStack() as stack, SpecServeClient(stack.address) as client:
+        for mode in ("k=4", "adaptive"):
+            run = run_load(client, mode, concurrency=4, prompts=PROMPTS, max_tokens=48, requests_per_client=2)
+            assert not run.errors and len(run.outputs) == 8
+            assert run.proposed > 0
+            for (index, j), output in run.outputs.items():
+                prompt = PROMPTS[(index * 2 + j) % len(PROMPTS)]
+                request = GenerationRequest(prompt=prompt, max_tokens=48, num_speculative_tokens=0, ignore_eos=True)
+                prompt_ids = engine.tokenize(request)
+                assert_divergence_is_near_tie(tiny_target, prompt_ids, engine.generate(request).token_ids, output)
+
+
+def test_the_sweep_reports_every_mode_at_every_concurrency() -> None:
+    with LocalStack() as stack, SpecServeClient(stack.address) as client:
+        rows = sweep(client, PROMPTS, [1, 2], max_tokens=16, requests_per_client=1, log=False)
+    assert [(r["concurrency"], r["mode"]) for r in rows] == [
+        (c, m) for c in (1, 2) for m in ("target-only", "k=4", "adaptive")
+    ]
+    assert all(r["errors"] == 0 and r["requests"] == r["concurrency"] and r["tokens_per_second"] > 0 for r in rows)
+    assert rows[0]["acceptance_rate"] is None and rows[1]["acceptance_rate"] is not None
