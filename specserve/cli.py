@@ -287,15 +287,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_load(args: argparse.Namespace) -> int:
     """Closed-loop clients at each concurrency against the served stack: target-only, k=4, adaptive."""
     from specserve.bench.load import sweep
-    from specserve.bench.runner import humaneval_prompts
     from specserve.bench.served import ServedStack
+    from specserve.bench.workloads import workload
 
     config = _engine_config(args)
     assert config.draft is not None, "the load sweep compares speculative modes: it needs a draft"
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    prompts = humaneval_prompts(args.num_prompts)
+    workloads = {category: workload(category, args.num_prompts) for category in args.categories}
     with ServedStack(config.target, config.draft) as stack:
-        rows = sweep(stack.clients[True], prompts, args.concurrency, args.max_tokens, args.requests_per_client)
+        rows = sweep(stack.clients[True], workloads, args.concurrency, args.max_tokens, args.requests_per_client)
     if args.json:
         summary = {"date": started, "command": "specserve " + " ".join(sys.argv[1:]), "rows": rows}
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
@@ -364,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, nargs="+", help="instead: closed-loop clients at these concurrencies (served)"
     )
     bench.add_argument("--requests-per-client", type=int, default=2, help="with --concurrency")
+    bench.add_argument(
+        "--categories", nargs="+", default=["code"], help="with --concurrency: code, chat, summarisation, "
+        "translation, 'question answering', maths",
+    )  # fmt: skip
 
     models = sub.add_parser("models", help="list presets; fetch or verify their weights")
     models.add_argument("action", choices=["list", "fetch", "verify"])

@@ -14,10 +14,14 @@ from orchestrator.client import SpecServeClient
 MODES: dict[str, int | None] = {"target-only": 0, "k=4": 4, "adaptive": None}
 
 
+Prompt = tuple[str, bool]  # (text, send through the chat template)
+
+
 @dataclass
 class LoadRun:
     mode: str
     concurrency: int
+    category: str = "code"
     seconds: float = 0.0
     outputs: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (client, request) -> tokens
     latencies: list[float] = field(default_factory=list)
@@ -32,6 +36,7 @@ class LoadRun:
         if reference is not None:
             identical = sum(reference.outputs.get(key) == out for key, out in self.outputs.items())
         return {
+            "category": self.category,
             "mode": self.mode,
             "concurrency": self.concurrency,
             "requests": len(self.outputs),
@@ -53,20 +58,27 @@ class LoadRun:
 
 
 def run_load(
-    client: SpecServeClient, mode: str, concurrency: int, prompts: list[str], max_tokens: int, requests_per_client: int
+    client: SpecServeClient,
+    mode: str,
+    concurrency: int,
+    prompts: list[Prompt],
+    max_tokens: int,
+    requests_per_client: int,
+    category: str = "code",
 ) -> LoadRun:
-    run = LoadRun(mode, concurrency)
+    run = LoadRun(mode, concurrency, category)
     lock = threading.Lock()
 
     def client_loop(index: int) -> None:
         for j in range(requests_per_client):
-            prompt = prompts[(index * requests_per_client + j) % len(prompts)]
+            text, chat = prompts[(index * requests_per_client + j) % len(prompts)]
             started = time.perf_counter()
             token_ids: list[int] = []
             ttft = None
+            prompt = {"messages": [("user", text)]} if chat else {"prompt": text}
             try:
                 for chunk in client.stream(
-                    prompt, max_tokens=max_tokens, num_speculative_tokens=MODES[mode], ignore_eos=True
+                    **prompt, max_tokens=max_tokens, num_speculative_tokens=MODES[mode], ignore_eos=True
                 ):
                     if chunk.token_ids and ttft is None:
                         ttft = time.perf_counter() - started
@@ -95,29 +107,30 @@ def run_load(
 
 def sweep(
     client: SpecServeClient,
-    prompts: list[str],
+    workloads: dict[str, list[Prompt]],
     concurrencies: list[int],
     max_tokens: int,
     requests_per_client: int,
     log: bool = True,
 ) -> list[dict]:
-    """Every mode at every concurrency, modes back to back per concurrency level."""
+    """Every mode at every concurrency for every workload, modes back to back per (workload, concurrency)."""
     rows = []
-    for concurrency in concurrencies:
-        reference = None
-        for mode in MODES:
-            run = run_load(client, mode, concurrency, prompts, max_tokens, requests_per_client)
-            reference = reference or run
-            rows.append(run.summary(reference))
-            if log:
-                print(format_row(rows[-1]), flush=True)
+    for category, prompts in workloads.items():
+        for concurrency in concurrencies:
+            reference = None
+            for mode in MODES:
+                run = run_load(client, mode, concurrency, prompts, max_tokens, requests_per_client, category)
+                reference = reference or run
+                rows.append(run.summary(reference))
+                if log:
+                    print(format_row(rows[-1]), flush=True)
     return rows
 
 
 def format_row(row: dict) -> str:
     acceptance = "" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}"
     return (
-        f"c={row['concurrency']:<3} {row['mode']:12} {row['tokens_per_second']:7.2f} tok/s  "
+        f"{row['category']:18} c={row['concurrency']:<3} {row['mode']:12} {row['tokens_per_second']:7.2f} tok/s  "
         f"p50 {row['latency_p50_s']:6.2f}s p99 {row['latency_p99_s']:6.2f}s  ttft {row['ttft_p50_ms']:6.0f} ms  "
         f"tpot {row['tpot_ms']:6.0f} ms  accept {acceptance:4}  identical {row['identical_to_target_only']}"
         f"/{row['requests']}  errors {row['errors']}"

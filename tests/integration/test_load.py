@@ -11,7 +11,7 @@ from specserve.models.loading import LoadedModel
 from tests.helpers import assert_divergence_is_near_tie
 from tests.stack import LocalStack
 
-PROMPTS = ["def add(a, b):", "import os\n", "class Tree:", "# parse the line\n"]
+PROMPTS = [("def add(a, b):", False), ("import os\n", False), ("class Tree:", False), ("# parse the line\n", False)]
 
 
 def test_concurrent_batched_requests_match_target_only(engine: SpeculativeEngine, tiny_target: LoadedModel) -> None:
@@ -21,7 +21,7 @@ def test_concurrent_batched_requests_match_target_only(engine: SpeculativeEngine
             assert not run.errors and len(run.outputs) == 8
             assert run.proposed > 0
             for (index, j), output in run.outputs.items():
-                prompt = PROMPTS[(index * 2 + j) % len(PROMPTS)]
+                prompt = PROMPTS[(index * 2 + j) % len(PROMPTS)][0]
                 request = GenerationRequest(prompt=prompt, max_tokens=48, num_speculative_tokens=0, ignore_eos=True)
                 prompt_ids = engine.tokenize(request)
                 assert_divergence_is_near_tie(tiny_target, prompt_ids, engine.generate(request).token_ids, output)
@@ -29,9 +29,11 @@ def test_concurrent_batched_requests_match_target_only(engine: SpeculativeEngine
 
 def test_the_sweep_reports_every_mode_at_every_concurrency() -> None:
     with LocalStack() as stack, SpecServeClient(stack.address) as client:
-        rows = sweep(client, PROMPTS, [1, 2], max_tokens=16, requests_per_client=1, log=False)
-    assert [(r["concurrency"], r["mode"]) for r in rows] == [
-        (c, m) for c in (1, 2) for m in ("target-only", "k=4", "adaptive")
+        workloads = {"code": PROMPTS, "chat": [("Say hello", True)]}
+        rows = sweep(client, workloads, [1, 2], max_tokens=16, requests_per_client=1, log=False)
+    assert [(r["category"], r["concurrency"], r["mode"]) for r in rows] == [
+        (w, c, m) for w in ("code", "chat") for c in (1, 2) for m in ("target-only", "k=4", "adaptive")
     ]
     assert all(r["errors"] == 0 and r["requests"] == r["concurrency"] and r["tokens_per_second"] > 0 for r in rows)
     assert rows[0]["acceptance_rate"] is None and rows[1]["acceptance_rate"] is not None
+    assert all(r["identical_to_target_only"] == r["requests"] for r in rows if r["mode"] == "target-only")
