@@ -25,7 +25,6 @@ import grpc
 
 from orchestrator.remote import DraftClient, PassReport, TargetClient
 from orchestrator.replicas import Replica, ReplicaPool
-from specserve.core.adaptive import AdaptiveK
 from specserve.core.loop import Decode, SpeculativeDecoder, StopConditions
 from specserve.core.stats import SpeculationStats
 from specserve.core.types import Proposal, SamplingParams, Verdict
@@ -105,8 +104,6 @@ class RemoteRequest:
         self._draft_length = 0  # context tokens the draft knows (its last proposal included)
         self._commit: tuple[int, list[int]] = (len(plan.prompt_token_ids), [])  # for the draft's next propose
         self._predraft: asyncio.Task[tuple[Proposal, PassReport] | None] | None = None
-        self.policy = AdaptiveK(plan.k) if plan.adaptive and plan.k > 0 else None
-        self._draft_step_s = 0.0  # compute per drafted token in the current window
 
     @property
     def context(self) -> list[int]:
@@ -252,18 +249,19 @@ class RemoteRequest:
             ready = await self._settle_predraft(predraft, proposal, verdict)
             if ready is None:  # the draft's next propose first drops rejected drafts, appends the new token
                 self._commit = (context_length + verdict.num_accepted, verdict.token_ids[-1:])
-            if self.policy is not None:
-                self.policy.observe(
-                    len(proposal.token_ids), verdict.num_accepted, self._draft_step_s * len(proposal.token_ids)
-                )
+            if self.plan.adaptive and self.target is not None:
+                policy = self.target.adaptive_k(self.plan.k).policy
+                policy.observe(len(proposal.token_ids), verdict.num_accepted, t1 - t0)
             emitted = decoder.apply(proposal, verdict, t1 - t0, t2 - t1)
             if emitted:
                 yield emitted
 
     def _next_k(self) -> int | None:
         """The decoder's next window, its k chosen by the adaptive policy first when there is one."""
-        if self.policy is not None and self.target is not None:
-            self.decoder.k = self.policy.choose(self.target.pass_cost, max(1, self.target.num_sessions))
+        if self.plan.adaptive and self.target is not None and self.plan.k > 0:
+            shared = self.target.adaptive_k(self.plan.k)
+            batch_size = max(1, self.target.num_sessions)
+            self.decoder.k = shared.choose(self.target.pass_cost, batch_size, time.perf_counter())
         return self.decoder.next_k()
 
     async def _propose(self, k: int) -> Proposal:
@@ -286,7 +284,6 @@ class RemoteRequest:
             return Proposal([])
         proposal, report = result
         self.decoder.result.stats.transport_s += time.perf_counter() - started - report.compute_s
-        self._draft_step_s = report.compute_s / max(1, len(proposal.token_ids))
         return proposal
 
     def _start_predraft(self, proposal: Proposal) -> asyncio.Task[tuple[Proposal, PassReport] | None] | None:
@@ -320,9 +317,8 @@ class RemoteRequest:
         result = await predraft
         if result is None:
             return None
-        guess, report = result  # [bonus guess, next window...]
+        guess, _ = result  # [bonus guess, next window...]
         self._draft_length += len(guess.token_ids)
-        self._draft_step_s = report.compute_s / max(1, len(guess.token_ids))
         if verdict.num_accepted < len(proposal.token_ids) or verdict.token_ids[-1] != guess.token_ids[0]:
             return None
         self.pipeline.num_predraft_hits += 1

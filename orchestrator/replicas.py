@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.remote import DraftClient, ModelInfo, TargetClient
-from specserve.core.adaptive import PassCost
+from specserve.core.adaptive import AdaptiveK, PassCost, SharedAdaptiveK
 from specserve.rpc import PreconditionError
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,13 @@ class Replica:
     """A call failed; no new sessions until a health check passes again."""
     pass_cost: PassCost = field(default_factory=PassCost)
     """Seconds of this replica's passes against the tokens in them, as measured (adaptive speculation)."""
+    speculation: SharedAdaptiveK | None = None
+    """The adaptive k its sessions share (made on first use)."""
+
+    def adaptive_k(self, max_k: int) -> SharedAdaptiveK:
+        if self.speculation is None or self.speculation.policy.max_k != max_k:
+            self.speculation = SharedAdaptiveK(AdaptiveK(max_k))
+        return self.speculation
 
     @property
     def state(self) -> str:

@@ -295,7 +295,10 @@ def _bench_load(args: argparse.Namespace) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     workloads = {category: workload(category, args.num_prompts) for category in args.categories}
     with ServedStack(config.target, config.draft) as stack:
-        rows = sweep(stack.clients[True], workloads, args.concurrency, args.max_tokens, args.requests_per_client)
+        rows = sweep(
+            stack.clients[True], workloads, args.concurrency, args.max_tokens, args.requests_per_client,
+            temperature=args.temperature,
+        )  # fmt: skip
     if args.json:
         summary = {"date": started, "command": "specserve " + " ".join(sys.argv[1:]), "rows": rows}
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
@@ -364,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, nargs="+", help="instead: closed-loop clients at these concurrencies (served)"
     )
     bench.add_argument("--requests-per-client", type=int, default=2, help="with --concurrency")
+    bench.add_argument("--temperature", type=float, default=0.0, help="with --concurrency: 0 = greedy")
     bench.add_argument(
         "--categories", nargs="+", default=["code"], help="with --concurrency: code, chat, summarisation, "
         "translation, 'question answering', maths",

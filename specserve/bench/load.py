@@ -22,20 +22,23 @@ class LoadRun:
     mode: str
     concurrency: int
     category: str = "code"
+    temperature: float = 0.0
     seconds: float = 0.0
     outputs: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (client, request) -> tokens
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
     proposed: int = 0
     accepted: int = 0
+    rounds: int = 0
     errors: list[str] = field(default_factory=list)
 
     def summary(self, reference: LoadRun | None) -> dict:
         tokens = sum(len(t) for t in self.outputs.values())
         identical = None
-        if reference is not None:
+        if reference is not None and self.temperature == 0:  # sampled outputs differ by design
             identical = sum(reference.outputs.get(key) == out for key, out in self.outputs.items())
         return {
+            "temperature": self.temperature,
             "category": self.category,
             "mode": self.mode,
             "concurrency": self.concurrency,
@@ -53,6 +56,7 @@ class LoadRun:
             if self.latencies
             else 0.0,
             "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
+            "mean_k": self.proposed / self.rounds if self.rounds else 0.0,
             "identical_to_target_only": identical,
         }
 
@@ -65,8 +69,9 @@ def run_load(
     max_tokens: int,
     requests_per_client: int,
     category: str = "code",
+    temperature: float = 0.0,
 ) -> LoadRun:
-    run = LoadRun(mode, concurrency, category)
+    run = LoadRun(mode, concurrency, category, temperature)
     lock = threading.Lock()
 
     def client_loop(index: int) -> None:
@@ -78,8 +83,9 @@ def run_load(
             prompt = {"messages": [("user", text)]} if chat else {"prompt": text}
             try:
                 for chunk in client.stream(
-                    **prompt, max_tokens=max_tokens, num_speculative_tokens=MODES[mode], ignore_eos=True
-                ):
+                    **prompt, max_tokens=max_tokens, num_speculative_tokens=MODES[mode], ignore_eos=True,
+                    temperature=temperature, seed=index * requests_per_client + j,
+                ):  # fmt: skip
                     if chunk.token_ids and ttft is None:
                         ttft = time.perf_counter() - started
                     token_ids.extend(chunk.token_ids)
@@ -94,6 +100,7 @@ def run_load(
                 run.ttfts.append(ttft or 0.0)
                 run.proposed += stats.proposed
                 run.accepted += stats.accepted
+                run.rounds += stats.rounds
 
     started = time.perf_counter()
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(concurrency)]
@@ -112,6 +119,7 @@ def sweep(
     max_tokens: int,
     requests_per_client: int,
     log: bool = True,
+    temperature: float = 0.0,
 ) -> list[dict]:
     """Every mode at every concurrency for every workload, modes back to back per (workload, concurrency)."""
     rows = []
@@ -119,7 +127,9 @@ def sweep(
         for concurrency in concurrencies:
             reference = None
             for mode in MODES:
-                run = run_load(client, mode, concurrency, prompts, max_tokens, requests_per_client, category)
+                run = run_load(
+                    client, mode, concurrency, prompts, max_tokens, requests_per_client, category, temperature
+                )
                 reference = reference or run
                 rows.append(run.summary(reference))
                 if log:
@@ -132,8 +142,8 @@ def format_row(row: dict) -> str:
     return (
         f"{row['category']:18} c={row['concurrency']:<3} {row['mode']:12} {row['tokens_per_second']:7.2f} tok/s  "
         f"p50 {row['latency_p50_s']:6.2f}s p99 {row['latency_p99_s']:6.2f}s  ttft {row['ttft_p50_ms']:6.0f} ms  "
-        f"tpot {row['tpot_ms']:6.0f} ms  accept {acceptance:4}  identical {row['identical_to_target_only']}"
-        f"/{row['requests']}  errors {row['errors']}"
+        f"tpot {row['tpot_ms']:6.0f} ms  accept {acceptance:4}  k {row['mean_k']:4.1f}  "
+        f"identical {row['identical_to_target_only']}/{row['requests']}  errors {row['errors']}"
     )
 
 

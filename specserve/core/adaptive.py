@@ -47,6 +47,8 @@ class AdaptiveK:
     """One session's speculation length."""
 
     max_k: int
+    initial_k: int = 4
+    """k until the first costs are measured."""
     prior_acceptance: float = 0.7
     prior_weight: float = 2.0
     probe_every: int = 8
@@ -63,6 +65,8 @@ class AdaptiveK:
         return accepted / (self.num_accepted + self.num_rejected + self.prior_weight)
 
     def observe(self, k: int, num_accepted: int, draft_s: float) -> None:
+        """One round: k drafts, num_accepted of them accepted, draft_s the time the round waited for them
+        (near 0 when a pre-drafted window was ready: overlap makes drafting cheaper, and k follows)."""
         if k == 0:
             return
         self.num_accepted = DECAY * self.num_accepted + num_accepted
@@ -74,7 +78,7 @@ class AdaptiveK:
         """The k with the best expected tokens per second at this batch size (0 if none beats target-only)."""
         target_only = verify.seconds(batch_size)
         if target_only is None or self.draft_step_s is None:
-            return self.max_k  # nothing measured yet: speculate, and measure
+            return min(self.initial_k, self.max_k)  # nothing measured yet: speculate, and measure
         best_k, best_rate = 0, 1.0 / target_only
         for k in range(1, self.max_k + 1):
             pass_s = verify.seconds(batch_size * (k + 1))
@@ -96,3 +100,23 @@ def expected_tokens(acceptance: float, k: int) -> float:
     if acceptance >= 1.0:
         return float(k + 1)
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+@dataclass(slots=True)
+class SharedAdaptiveK:
+    """One k for all sessions on a target replica, decided again at most every `period_s` seconds.
+
+    Sessions with different k reach the target at different moments (a k = 0 session skips the draft),
+    so they stop sharing its passes; one k per replica keeps them in step. Acceptance and draft cost are
+    pooled over the replica's sessions.
+    """
+
+    policy: AdaptiveK
+    period_s: float = 1.0
+    _k: int = 0
+    _decided_at: float | None = None
+
+    def choose(self, verify: PassCost, batch_size: int, now: float) -> int:
+        if self._decided_at is None or now - self._decided_at >= self.period_s:
+            self._k, self._decided_at = self.policy.choose(verify, batch_size), now
+        return self._k

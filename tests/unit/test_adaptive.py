@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.core.adaptive import AdaptiveK, PassCost, expected_tokens
+from specserve.core.adaptive import AdaptiveK, PassCost, SharedAdaptiveK, expected_tokens
 
 
 def _cost(seconds_at: dict[int, float]) -> PassCost:
@@ -36,8 +36,9 @@ def test_pass_cost_fits_a_line() -> None:
     assert PassCost().seconds(5) is None
 
 
-def test_nothing_measured_yet_speculates_fully() -> None:
-    assert AdaptiveK(6).choose(PassCost(), 1) == 6
+def test_nothing_measured_yet_starts_at_the_initial_k() -> None:
+    assert AdaptiveK(6).choose(PassCost(), 1) == 4
+    assert AdaptiveK(2).choose(PassCost(), 1) == 2
 
 
 def test_high_acceptance_and_a_cheap_draft_speculate_deeply() -> None:
@@ -63,3 +64,12 @@ def test_switched_off_it_still_probes_to_keep_measuring() -> None:
     flat = _cost({1: 0.2, 40: 0.21})
     ks = [policy.choose(flat, 1) for _ in range(16)]
     assert ks.count(1) == 2 and set(ks) == {0, 1}
+
+
+def test_a_replica_decides_one_k_for_all_its_sessions_per_period() -> None:
+    flat = _cost({1: 0.2, 40: 0.21})
+    shared = SharedAdaptiveK(_policy(0.95, draft_step_s=0.01), period_s=1.0)
+    first = shared.choose(flat, 1, now=10.0)
+    shared.policy.num_accepted, shared.policy.num_rejected = 5.0, 95.0  # acceptance collapses...
+    assert shared.choose(flat, 1, now=10.5) == first  # ...but the period has not passed
+    assert shared.choose(flat, 1, now=11.0) < first
