@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from orchestrator.service import OrchestratorConfig
+from specserve.config import WorkerServiceConfig
 from specserve.models.loading import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -62,12 +63,11 @@ class RoleConfig:
             raise ValueError(f"max_restarts must be -1 (always) or >= 0, got {self.max_restarts}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
-        if self.max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
-        if self.idle_ttl_s <= 0:
-            raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        self.service("127.0.0.1")  # validates the server's own settings
+
+    def service(self, host: str) -> WorkerServiceConfig:
+        """The gRPC server one replica runs, listening on `host` (port chosen when it starts)."""
+        return WorkerServiceConfig(self.model, host, 0, self.max_sessions, self.idle_ttl_s, self.max_batch_size)
 
     def ray_resources(self) -> dict[str, float]:
         """What one replica asks of its node, in Ray's names (as a KubeRay worker group must offer)."""

@@ -16,7 +16,6 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from deploy.actors import FAILED, IDLE, LISTENING, WorkerActor
 from deploy.config import ROLES, DeployConfig, RoleConfig
 from orchestrator.replicas import Drain
-from specserve.config import WorkerServiceConfig
 
 logger = logging.getLogger(__name__)
 
@@ -99,14 +98,7 @@ class RayFleet:
             index = self._num_created[role]
             self._num_created[role] += 1
         name = f"specserve-{role}-{index}"
-        service = WorkerServiceConfig(
-            role_config.model,
-            self.config.ray.worker_host,
-            0,
-            role_config.max_sessions,
-            role_config.idle_ttl_s,
-            role_config.max_batch_size,
-        )
+        service = role_config.service(self.config.ray.worker_host)
         actor = (
             ray.remote(WorkerActor)
             .options(
