@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -109,25 +109,25 @@ class ReplicaPool:
     def service(self) -> str:
         return f"specserve.v1.{self.role.capitalize()}Service"
 
-    def pick(self, exclude: Collection[Replica] = ()) -> Replica | None:
+    def pick(self) -> Replica | None:
         """The usable replica with the fewest sessions, or None."""
-        usable = [r for r in self.replicas.values() if not (r.failed or r.draining) and r not in exclude]
+        usable = [r for r in self.replicas.values() if not (r.failed or r.draining)]
         return min(usable, key=lambda r: r.num_sessions, default=None)
 
-    async def acquire(self, timeout_s: float, exclude: Collection[Replica] = ()) -> Replica | None:
+    async def acquire(self, timeout_s: float) -> Replica | None:
         """Pick a replica and count a session on it, waiting up to `timeout_s` for one to be usable."""
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.pick(exclude) is not None), timeout_s)
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.pick() is not None), timeout_s)
             except TimeoutError:
                 return None
-            replica = self.pick(exclude)
+            replica = self.pick()
             assert replica is not None
             replica.num_sessions += 1
             return replica
 
-    def try_acquire(self, exclude: Collection[Replica] = ()) -> Replica | None:
-        replica = self.pick(exclude)
+    def try_acquire(self) -> Replica | None:
+        replica = self.pick()
         if replica is not None:
             replica.num_sessions += 1
         return replica

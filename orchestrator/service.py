@@ -27,7 +27,8 @@ class OrchestratorConfig:
     """k when a request does not say and adaptive is off (0 when no draft serves)."""
     adaptive: bool = True
     """Requests that do not set k get adaptive speculation: up to max_adaptive_k drafts per round, following
-    their acceptance, the measured draft and target costs and the batch size; 0 when speculation would not pay."""
+    acceptance, the measured draft and target costs and the batch size; 0 when speculation would not pay.
+    Seeded sampled requests keep the fixed k, so that they reproduce."""
     max_adaptive_k: int = 8
     pipelined: bool = True
     """Pre-draft the next window while the target verifies this one."""
@@ -92,12 +93,13 @@ class Orchestrator:
                 f"max_tokens {request.max_tokens} does not fit: the prompt has {len(prompt_token_ids)} tokens "
                 f"and the context holds {info.max_context}, leaving {room}"
             )
-        adaptive = self.config.adaptive and request.num_speculative_tokens is None and self.draft_pool is not None
+        has_draft = self.draft_pool is not None
+        # a seeded sample must reproduce, and its random draws depend on k: it keeps the fixed k
+        seeded_sample = request.sampling.seed is not None and not request.sampling.greedy
+        adaptive = self.config.adaptive and request.num_speculative_tokens is None and has_draft and not seeded_sample
         plan = RequestPlan(
             prompt_token_ids=prompt_token_ids,
-            k=self.config.max_adaptive_k
-            if adaptive
-            else resolve_k(request, self.default_k, self.draft_pool is not None),
+            k=self.config.max_adaptive_k if adaptive else resolve_k(request, self.default_k, has_draft),
             sampling=request.sampling,
             stop=stop_conditions(request, info.eos_token_ids),
             max_context=info.max_context,
@@ -133,18 +135,18 @@ class Orchestrator:
         await self.discover()
 
     async def discover(self) -> None:
-        """Bring every pool in step with the fleet."""
+        """Bring every pool in step with the fleet (a role that fails to answer keeps its replicas)."""
         for role, pool in self.pools.items():
-            await pool.sync(await self.fleet.addresses(role))
+            try:
+                await pool.sync(await self.fleet.addresses(role))
+            except Exception:  # noqa: BLE001 - a failed refresh must not end discovery
+                logger.exception("discovery of %s replicas failed; retrying", role)
 
     def start_discovery(self) -> None:
         async def loop() -> None:
             while True:
                 await asyncio.sleep(self.config.discovery_interval_s)
-                try:
-                    await self.discover()
-                except Exception:  # noqa: BLE001 - a failed refresh must not end discovery
-                    logger.exception("replica discovery failed; retrying")
+                await self.discover()
 
         self._discovery = asyncio.ensure_future(loop())
 

@@ -30,6 +30,7 @@ class LoadRun:
     proposed: int = 0
     accepted: int = 0
     rounds: int = 0
+    prompt_tokens: int = 0
     errors: list[str] = field(default_factory=list)
 
     def summary(self, reference: LoadRun | None) -> dict:
@@ -57,6 +58,7 @@ class LoadRun:
             else 0.0,
             "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
             "mean_k": self.proposed / self.rounds if self.rounds else 0.0,
+            "mean_prompt_tokens": self.prompt_tokens / len(self.outputs) if self.outputs else 0.0,
             "identical_to_target_only": identical,
         }
 
@@ -84,7 +86,7 @@ def run_load(
             try:
                 for chunk in client.stream(
                     **prompt, max_tokens=max_tokens, num_speculative_tokens=MODES[mode], ignore_eos=True,
-                    temperature=temperature, seed=index * requests_per_client + j,
+                    temperature=temperature,  # no seed: a seeded sample keeps a fixed k
                 ):  # fmt: skip
                     if chunk.token_ids and ttft is None:
                         ttft = time.perf_counter() - started
@@ -101,6 +103,7 @@ def run_load(
                 run.proposed += stats.proposed
                 run.accepted += stats.accepted
                 run.rounds += stats.rounds
+                run.prompt_tokens += stats.prompt_tokens
 
     started = time.perf_counter()
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(concurrency)]
@@ -140,7 +143,8 @@ def sweep(
 def format_row(row: dict) -> str:
     acceptance = "" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}"
     return (
-        f"{row['category']:18} c={row['concurrency']:<3} {row['mode']:12} {row['tokens_per_second']:7.2f} tok/s  "
+        f"{row['category']:18} c={row['concurrency']:<3} prompt {row['mean_prompt_tokens']:5.0f}  "
+        f"{row['mode']:12} {row['tokens_per_second']:7.2f} tok/s  "
         f"p50 {row['latency_p50_s']:6.2f}s p99 {row['latency_p99_s']:6.2f}s  ttft {row['ttft_p50_ms']:6.0f} ms  "
         f"tpot {row['tpot_ms']:6.0f} ms  accept {acceptance:4}  k {row['mean_k']:4.1f}  "
         f"identical {row['identical_to_target_only']}/{row['requests']}  errors {row['errors']}"

@@ -48,10 +48,30 @@ CATEGORIES: dict[str, list[str]] = {
 }
 
 
+CHARS_PER_TOKEN = 3.5  # about what Qwen's tokenizer gives on Python source
+
+
 def workload(category: str, num_prompts: int) -> list[tuple[str, bool]]:
-    """(prompt, through the chat template) pairs: HumanEval raw for `code`, chat-templated otherwise."""
+    """(prompt, through the chat template) pairs: HumanEval raw for `code`, chat-templated otherwise;
+    `long-N`: code prompts of about N tokens (HumanEval prompts one after another, ending on a whole one)."""
     if category == "code":
         return [(p, False) for p in humaneval_prompts(num_prompts)]
+    if category.startswith("long-"):
+        return [(p, False) for p in _long_prompts(int(category.removeprefix("long-")), num_prompts)]
     if category not in CATEGORIES:
-        raise ValueError(f"unknown category {category!r}; known: code, {', '.join(CATEGORIES)}")
+        raise ValueError(f"unknown category {category!r}; known: code, long-N, {', '.join(CATEGORIES)}")
     return [(p, True) for p in CATEGORIES[category][:num_prompts]]
+
+
+def _long_prompts(num_tokens: int, num_prompts: int) -> list[str]:
+    """Each prompt: other HumanEval prompts as context, then one to complete, about num_tokens long."""
+    pool = humaneval_prompts(164)
+    prompts = []
+    for i in range(num_prompts):
+        last = pool[i % len(pool)]
+        context, j = [], i + 1
+        while len("".join(context)) + len(last) < num_tokens * CHARS_PER_TOKEN:
+            context.append(pool[j % len(pool)])
+            j += 1
+        prompts.append("".join(context) + last)
+    return prompts
