@@ -121,7 +121,11 @@ class Load:
             started = time.monotonic()
             token_ids: list[int] = []
             try:
-                for chunk in self.served.client.stream(prompt, max_tokens=MAX_TOKENS, ignore_eos=True):
+                # a fixed k (adaptive k may switch the tiny draft off): every request uses the draft it may lose
+                stream = self.served.client.stream(
+                    prompt, max_tokens=MAX_TOKENS, ignore_eos=True, num_speculative_tokens=4
+                )
+                for chunk in stream:
                     if not token_ids:
                         self.in_flight.release()
                     token_ids.extend(chunk.token_ids)
@@ -163,7 +167,7 @@ def test_replicas_land_on_their_node_type_and_answer_correctly(served: Served, r
             assert resource in actor["node_resources"] and other not in actor["node_resources"], (role, actor)
             assert actor["resources"].get(resource) == 1.0
     for prompt in PROMPTS[:3]:
-        response = served.client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True)
+        response = served.client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, num_speculative_tokens=4)
         assert list(response.token_ids) == references[prompt]
         assert response.stats.proposed > 0  # speculation ran through both services
 

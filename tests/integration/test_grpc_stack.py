@@ -36,8 +36,8 @@ def reference(engine: SpeculativeEngine, prompt: str, max_tokens: int = 40) -> l
     return engine.generate(request).token_ids
 
 
-@pytest.mark.parametrize("k", [0, 1, 4, 8])
-def test_greedy_over_grpc_equals_target_only(client: SpecServeClient, engine: SpeculativeEngine, k: int) -> None:
+@pytest.mark.parametrize("k", [0, 1, 4, 8, None])  # None: the server's default, adaptive k
+def test_greedy_over_grpc_equals_target_only(client: SpecServeClient, engine: SpeculativeEngine, k: int | None) -> None:
     for prompt in PROMPTS:
         response = client.generate(prompt, max_tokens=40, num_speculative_tokens=k)
         assert list(response.token_ids) == reference(engine, prompt), (prompt, k)
@@ -149,7 +149,7 @@ def test_server_info(client: SpecServeClient) -> None:
 
 def test_losing_the_draft_mid_request_degrades_to_target_only(engine: SpeculativeEngine) -> None:
     with LocalStack() as stack, SpecServeClient(stack.address) as client:
-        stream = client.stream("def f(", max_tokens=200, ignore_eos=True)
+        stream = client.stream("def f(", max_tokens=200, ignore_eos=True, num_speculative_tokens=4)
         first = next(stream)
         stack.stop_worker("draft")
         rest = list(stream)
