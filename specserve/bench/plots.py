@@ -1,0 +1,116 @@
+"""PNG plots from the benchmark JSON files: `python -m specserve.bench.plots --out docs/plots`.
+
+speedup-vs-k.png            from `specserve bench --json` (specserve and HF assisted, per k)
+throughput-vs-concurrency.png  from `specserve bench --concurrency ... --json` (per mode)
+acceptance-by-category.png  from a `--categories` run (acceptance and speedup per category and mode)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def speedup_vs_k(bench: dict, out: Path) -> Path:
+    by_kind: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for mode in bench["modes"]:
+        if mode["k"] and mode.get("speedup_vs_target") and mode["k"] <= 16:
+            by_kind["HF assisted" if mode["mode"].startswith("hf") else "specserve"].append(
+                (mode["k"], mode["speedup_vs_target"])
+            )
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kind, points in by_kind.items():
+        best: dict[int, float] = {}
+        for k, speedup in points:
+            best[k] = max(speedup, best.get(k, 0.0))
+        ks = sorted(best)
+        ax.plot(ks, [best[k] for k in ks], marker="o", label=kind)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="target-only")
+    ax.set(xlabel="k (drafts per round)", ylabel=f"speedup vs {bench['baseline']}", title="Speedup vs k")
+    ax.legend()
+    return _save(fig, out / "speedup-vs-k.png")
+
+
+def throughput_vs_concurrency(load: dict, out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, rows in _by(load["rows"], "mode").items():
+        rows = sorted(rows, key=lambda r: r["concurrency"])
+        ax.plot([r["concurrency"] for r in rows], [r["tokens_per_second"] for r in rows], marker="o", label=mode)
+    ax.set(xlabel="concurrent clients", ylabel="output tokens/s (all clients)", title="Throughput vs concurrency")
+    concurrencies = sorted({r["concurrency"] for r in load["rows"]})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    ax.legend()
+    return _save(fig, out / "throughput-vs-concurrency.png")
+
+
+def acceptance_by_category(load: dict, out: Path) -> Path:
+    rows = [r for r in load["rows"] if r["concurrency"] == 1]
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    base = {r["category"]: r["tokens_per_second"] for r in rows if r["mode"] == "target-only"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    modes = [m for m in _by(rows, "mode") if m != "target-only"]
+    width = 0.8 / max(1, len(modes))
+    for i, mode in enumerate(modes):
+        mine = {r["category"]: r for r in rows if r["mode"] == mode}
+        xs = [c + i * width for c in range(len(categories))]
+        left.bar(xs, [mine[c]["acceptance_rate"] or 0 for c in categories], width, label=mode)
+        right.bar(xs, [mine[c]["tokens_per_second"] / base[c] for c in categories], width, label=mode)
+    for ax, label in ((left, "acceptance (accepted / proposed)"), (right, "speedup vs target-only")):
+        ax.set_xticks([c + width * (len(modes) - 1) / 2 for c in range(len(categories))], categories, rotation=20)
+        ax.set_ylabel(label)
+        ax.legend()
+    right.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    fig.suptitle("By category, one client")
+    return _save(fig, out / "acceptance-by-category.png")
+
+
+def _by(rows: list[dict], key: str) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[row[key]].append(row)
+    return groups
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.plots", description=__doc__)
+    parser.add_argument("--bench", default="docs/bench-humaneval.json")
+    parser.add_argument("--load", default="docs/bench-load.json")
+    parser.add_argument("--categories", default="docs/bench-categories.json")
+    parser.add_argument("--out", default="docs/plots")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [
+        speedup_vs_k(json.loads(Path(args.bench).read_text()), out),
+        throughput_vs_concurrency(json.loads(Path(args.load).read_text()), out),
+        acceptance_by_category(_with_code(args), out),
+    ]
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _with_code(args: argparse.Namespace) -> dict:
+    """The category rows, plus the code rows at one client from the load sweep."""
+    categories = json.loads(Path(args.categories).read_text())
+    code = [r for r in json.loads(Path(args.load).read_text())["rows"] if r["concurrency"] == 1]
+    return {"rows": code + categories["rows"]}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
