@@ -264,7 +264,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from specserve.bench.report import format_table
     from specserve.bench.runner import BenchConfig, run_bench
 
-    if args.concurrency:
+    if args.concurrency or args.request_rate:
         return _bench_load(args)
 
     cfg = BenchConfig(
@@ -285,20 +285,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_load(args: argparse.Namespace) -> int:
-    """Closed-loop clients at each concurrency against the served stack: target-only, k=4, adaptive."""
-    from specserve.bench.load import sweep
+    """Closed-loop clients at each concurrency, or open-loop arrivals at each rate, against the served stack:
+    target-only, k=4, adaptive."""
+    from specserve.bench.load import rate_sweep, sweep
     from specserve.bench.served import ServedStack
     from specserve.bench.workloads import workload
 
     config = _engine_config(args)
-    assert config.draft is not None, "the load sweep compares speculative modes: it needs a draft"
+    if config.draft is None:
+        raise ValueError("the load sweep compares speculative modes with target-only: it needs a draft")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     workloads = {category: workload(category, args.num_prompts) for category in args.categories}
     with ServedStack(config.target, config.draft) as stack:
-        rows = sweep(
-            stack.clients[True], workloads, args.concurrency, args.max_tokens, args.requests_per_client,
-            temperature=args.temperature,
-        )  # fmt: skip
+        client, rows = stack.clients[True], []
+        if args.concurrency:
+            rows += sweep(client, workloads, args.concurrency, args.max_tokens, args.requests_per_client,
+                          temperature=args.temperature)  # fmt: skip
+        for category, prompts in workloads.items() if args.request_rate else ():
+            rows += rate_sweep(client, prompts, args.request_rate, args.max_tokens, args.num_requests,
+                               temperature=args.temperature, category=category)  # fmt: skip
     if args.json:
         summary = {"date": started, "command": "specserve " + " ".join(sys.argv[1:]), "rows": rows}
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
@@ -368,6 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--requests-per-client", type=int, default=2, help="with --concurrency")
     bench.add_argument("--temperature", type=float, default=0.0, help="with --concurrency: 0 = greedy")
+    bench.add_argument(
+        "--request-rate", type=float, nargs="+", help="instead: open-loop Poisson arrivals at these rates (req/s)"
+    )
+    bench.add_argument("--num-requests", type=int, default=16, help="with --request-rate: requests per mode")
     bench.add_argument(
         "--categories", nargs="+", default=["code"], help="with --concurrency: code, chat, summarisation, "
         "translation, 'question answering', maths",

@@ -4,6 +4,8 @@ p50/p99, time to first token, acceptance, and how often outputs equal target-onl
 
 from __future__ import annotations
 
+import itertools
+import random
 import statistics
 import threading
 import time
@@ -23,6 +25,8 @@ class LoadRun:
     concurrency: int
     category: str = "code"
     temperature: float = 0.0
+    request_rate: float | None = None
+    """Open-loop arrivals per second (then concurrency is 0)."""
     seconds: float = 0.0
     outputs: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (client, request) -> tokens
     latencies: list[float] = field(default_factory=list)
@@ -43,6 +47,7 @@ class LoadRun:
             "category": self.category,
             "mode": self.mode,
             "concurrency": self.concurrency,
+            "request_rate": self.request_rate,
             "requests": len(self.outputs),
             "errors": len(self.errors),
             "tokens_per_second": tokens / self.seconds if self.seconds else 0.0,
@@ -73,46 +78,86 @@ def run_load(
     category: str = "code",
     temperature: float = 0.0,
 ) -> LoadRun:
+    """Closed loop: `concurrency` clients, each sending its requests back to back."""
     run = LoadRun(mode, concurrency, category, temperature)
     lock = threading.Lock()
 
     def client_loop(index: int) -> None:
         for j in range(requests_per_client):
-            text, chat = prompts[(index * requests_per_client + j) % len(prompts)]
-            started = time.perf_counter()
-            token_ids: list[int] = []
-            ttft = None
-            prompt = {"messages": [("user", text)]} if chat else {"prompt": text}
-            try:
-                for chunk in client.stream(
-                    **prompt, max_tokens=max_tokens, num_speculative_tokens=MODES[mode], ignore_eos=True,
-                    temperature=temperature,  # no seed: a seeded sample keeps a fixed k
-                ):  # fmt: skip
-                    if chunk.token_ids and ttft is None:
-                        ttft = time.perf_counter() - started
-                    token_ids.extend(chunk.token_ids)
-                    stats = chunk.stats
-            except Exception as error:  # noqa: BLE001 - counted and reported
-                with lock:
-                    run.errors.append(str(error))
-                continue
-            with lock:
-                run.outputs[(index, j)] = token_ids
-                run.latencies.append(time.perf_counter() - started)
-                run.ttfts.append(ttft or 0.0)
-                run.proposed += stats.proposed
-                run.accepted += stats.accepted
-                run.rounds += stats.rounds
-                run.prompt_tokens += stats.prompt_tokens
+            prompt = prompts[(index * requests_per_client + j) % len(prompts)]
+            _request(client, run, lock, (index, j), prompt, max_tokens)
 
+    return _timed(run, [threading.Thread(target=client_loop, args=(i,)) for i in range(concurrency)])
+
+
+def run_rate(
+    client: SpecServeClient,
+    mode: str,
+    request_rate: float,
+    prompts: list[Prompt],
+    max_tokens: int,
+    num_requests: int,
+    category: str = "code",
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> LoadRun:
+    """Open loop: requests arrive as a Poisson process at `request_rate` per second, whatever the server does."""
+    run = LoadRun(mode, 0, category, temperature, request_rate=request_rate)
+    lock = threading.Lock()
+    rng = random.Random(seed)
+    arrivals = list(itertools.accumulate(rng.expovariate(request_rate) for _ in range(num_requests)))
+
+    def arrive(i: int) -> None:
+        time.sleep(arrivals[i])
+        _request(client, run, lock, (i, 0), prompts[i % len(prompts)], max_tokens)
+
+    return _timed(run, [threading.Thread(target=arrive, args=(i,)) for i in range(num_requests)])
+
+
+def _timed(run: LoadRun, threads: list[threading.Thread]) -> LoadRun:
     started = time.perf_counter()
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(concurrency)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     run.seconds = time.perf_counter() - started
     return run
+
+
+def _request(
+    client: SpecServeClient,
+    run: LoadRun,
+    lock: threading.Lock,
+    key: tuple[int, int],
+    prompt: Prompt,
+    max_tokens: int,
+) -> None:
+    text, chat = prompt
+    started = time.perf_counter()
+    token_ids: list[int] = []
+    ttft = None
+    message = {"messages": [("user", text)]} if chat else {"prompt": text}
+    try:
+        for chunk in client.stream(
+            **message, max_tokens=max_tokens, num_speculative_tokens=MODES[run.mode], ignore_eos=True,
+            temperature=run.temperature,  # no seed: a seeded sample keeps a fixed k
+        ):  # fmt: skip
+            if chunk.token_ids and ttft is None:
+                ttft = time.perf_counter() - started
+            token_ids.extend(chunk.token_ids)
+            stats = chunk.stats
+    except Exception as error:  # noqa: BLE001 - counted and reported
+        with lock:
+            run.errors.append(str(error))
+        return
+    with lock:
+        run.outputs[key] = token_ids
+        run.latencies.append(time.perf_counter() - started)
+        run.ttfts.append(ttft or 0.0)
+        run.proposed += stats.proposed
+        run.accepted += stats.accepted
+        run.rounds += stats.rounds
+        run.prompt_tokens += stats.prompt_tokens
 
 
 def sweep(
@@ -140,15 +185,42 @@ def sweep(
     return rows
 
 
+def rate_sweep(
+    client: SpecServeClient,
+    prompts: list[Prompt],
+    request_rates: list[float],
+    max_tokens: int,
+    num_requests: int,
+    log: bool = True,
+    temperature: float = 0.0,
+    category: str = "code",
+) -> list[dict]:
+    """Every mode at every request rate (the same arrival times for every mode)."""
+    rows = []
+    for rate in request_rates:
+        reference = None
+        for mode in MODES:
+            run = run_rate(client, mode, rate, prompts, max_tokens, num_requests, category, temperature)
+            reference = reference or run
+            rows.append(run.summary(reference))
+            if log:
+                print(format_row(rows[-1]), flush=True)
+    return rows
+
+
 def format_row(row: dict) -> str:
     acceptance = "" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}"
     return (
-        f"{row['category']:18} c={row['concurrency']:<3} prompt {row['mean_prompt_tokens']:5.0f}  "
+        f"{row['category']:18} {_load_label(row):7} prompt {row['mean_prompt_tokens']:5.0f}  "
         f"{row['mode']:12} {row['tokens_per_second']:7.2f} tok/s  "
         f"p50 {row['latency_p50_s']:6.2f}s p99 {row['latency_p99_s']:6.2f}s  ttft {row['ttft_p50_ms']:6.0f} ms  "
         f"tpot {row['tpot_ms']:6.0f} ms  accept {acceptance:4}  k {row['mean_k']:4.1f}  "
         f"identical {row['identical_to_target_only']}/{row['requests']}  errors {row['errors']}"
     )
+
+
+def _load_label(row: dict) -> str:
+    return f"{row['request_rate']:g}/s" if row.get("request_rate") else f"c={row['concurrency']}"
 
 
 def _percentile(values: list[float], q: float) -> float:

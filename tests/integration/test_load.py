@@ -4,7 +4,7 @@ every output equal to target-only's or departing from it only at a near-tie."""
 from __future__ import annotations
 
 from orchestrator.client import SpecServeClient
-from specserve.bench.load import run_load, sweep
+from specserve.bench.load import rate_sweep, run_load, sweep
 from specserve.config import GenerationRequest
 from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
@@ -37,3 +37,11 @@ def test_the_sweep_reports_every_mode_at_every_concurrency() -> None:
     assert all(r["errors"] == 0 and r["requests"] == r["concurrency"] and r["tokens_per_second"] > 0 for r in rows)
     assert rows[0]["acceptance_rate"] is None and rows[1]["acceptance_rate"] is not None
     assert all(r["identical_to_target_only"] == r["requests"] for r in rows if r["mode"] == "target-only")
+
+
+def test_open_loop_arrivals_at_a_request_rate() -> None:
+    with LocalStack() as stack, SpecServeClient(stack.address) as client:
+        rows = rate_sweep(client, PROMPTS, [20.0], max_tokens=16, num_requests=6, log=False)
+    assert [r["mode"] for r in rows] == ["target-only", "k=4", "adaptive"]
+    assert all(r["request_rate"] == 20.0 and r["requests"] == 6 and r["errors"] == 0 for r in rows)
+    assert rows[0]["identical_to_target_only"] == 6
