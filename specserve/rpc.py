@@ -165,7 +165,6 @@ class BatchQueue(Generic[C, R]):
         self._arrived = asyncio.Event()
         self._last_sessions: set[str] = set()
         self._last_pass_s = 0.0
-        self.num_batches = self.num_calls = 0
 
     async def submit(self, call: C) -> tuple[R, float, list[C]]:
         """(result, seconds the batch computed, the calls that shared it); raises the call's own error."""
@@ -187,7 +186,6 @@ class BatchQueue(Generic[C, R]):
                     results, seconds = await self.executor.timed(self.run_batch, calls)
                 except Exception as error:  # noqa: BLE001 - the whole pass failed: every call in it hears why
                     results, seconds = [error] * len(batch), 0.0
-                self.num_batches, self.num_calls = self.num_batches + 1, self.num_calls + len(batch)
                 self._last_sessions, self._last_pass_s = {self.session_of(c) for c in calls}, seconds
                 for (_, future), result in zip(batch, results):
                     if future.done():  # the caller went away

@@ -93,8 +93,9 @@ def lockstep(
             calls = [ProposeCall(sid, *commits[sid], active[sid], sampling) for sid in drafting]
             for call, drafted in zip(calls, draft.propose_batch(calls)):
                 assert not isinstance(drafted, Exception), drafted
-                proposals[call.session_id] = _controlled(call.session_id, drafted, decoders, references, alpha, rng,
-                                                         vocab, draft)  # fmt: skip
+                if references is not None:  # the controlled draft; without references, the draft's own tokens
+                    drafted = _controlled(call.session_id, drafted, decoders, references, alpha, rng, vocab, draft)
+                proposals[call.session_id] = drafted
         verdicts = target.verify_batch([VerifyCall(sid, proposals[sid], sampling) for sid in active])
         for sid, verdict in zip(active, verdicts):
             assert not isinstance(verdict, Exception), verdict
@@ -116,7 +117,7 @@ def _controlled(
     sid: str,
     drafted: Proposal,
     decoders: dict[str, SpeculativeDecoder],
-    references: list[list[int]] | None,
+    references: list[list[int]],
     alpha: float,
     rng: random.Random,
     vocab: int,
@@ -124,7 +125,6 @@ def _controlled(
 ) -> Proposal:
     """Replace the random draft's tokens: the target's own next token with probability alpha, another
     token otherwise; the draft's session is told, so its next commit rolls back consistently."""
-    assert references is not None
     reference = references[int(sid[1:])]
     done = len(decoders[sid].result.token_ids)
     tokens = []

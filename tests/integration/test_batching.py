@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from draft_service.worker import DraftWorker, ProposeCall
-from specserve.core.loop import SpeculativeDecoder, StopConditions
+from draft_service.worker import DraftWorker
+from specserve.bench.synthetic import lockstep
 from specserve.core.types import SamplingParams
 from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
@@ -48,36 +48,14 @@ def test_a_batched_pass_matches_one_pass_per_sequence(tiny_target: LoadedModel) 
             torch.testing.assert_close(lb.keys, la.keys, atol=1e-4, rtol=1e-4)
 
 
-def _generate_together(target: TargetWorker, draft: DraftWorker, k: int, max_tokens: int) -> list[list[int]]:
-    """Every prompt's session drafted and verified in shared passes, round by round."""
-    sampling = SamplingParams()
-    decoders, commits = {}, {}
-    for i, prompt in enumerate(PROMPTS):
-        sid = f"s{i}"
-        target.prefill(sid, prompt)
-        draft.prefill(sid, prompt)
-        decoders[sid] = SpeculativeDecoder(None, None, num_prompt_tokens=len(prompt), k=k, sampling=sampling,
-                                           stop=StopConditions(max_tokens), max_context=512)  # fmt: skip
-        commits[sid] = (len(prompt), [])
-    while active := {sid: k for sid, d in decoders.items() if (k := d.next_k()) is not None}:
-        calls = [ProposeCall(sid, *commits[sid], k, sampling) for sid, k in active.items()]
-        proposals = draft.propose_batch(calls)
-        verdicts = target.verify_batch([VerifyCall(c.session_id, p, sampling) for c, p in zip(calls, proposals)])
-        for call, proposal, verdict in zip(calls, proposals, verdicts):
-            assert not isinstance(proposal, Exception) and not isinstance(verdict, Exception)
-            decoder = decoders[call.session_id]
-            commits[call.session_id] = (decoder.context_length + verdict.num_accepted, verdict.token_ids[-1:])
-            decoder.apply(proposal, verdict, 0.0, 0.0)
-    return [decoders[f"s{i}"].result.token_ids for i in range(len(PROMPTS))]
-
-
 @pytest.mark.parametrize("k", [1, 4])
 def test_sessions_drafted_and_verified_together_give_target_only_output(
     tiny_target: LoadedModel, tiny_draft: LoadedModel, engine, k: int
 ) -> None:
     from specserve.config import GenerationRequest
 
-    outputs = _generate_together(TargetWorker(tiny_target), DraftWorker(tiny_draft), k, max_tokens=40)
+    # every session drafted and verified in shared passes, round by round, with the draft's own tokens
+    outputs, _, _, _ = lockstep(TargetWorker(tiny_target), DraftWorker(tiny_draft), PROMPTS, k, 40, 0.0, None)
     for prompt, output in zip(PROMPTS, outputs):
         request = GenerationRequest(prompt_token_ids=tuple(prompt), max_tokens=40, num_speculative_tokens=0,
                                     ignore_eos=True)  # fmt: skip
