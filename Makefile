@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench protos clean
+.PHONY: demo test lint bench soak fuzz protos clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,6 +23,17 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/specserve bench --num-prompts 10 --max-tokens 128 --json docs/bench-humaneval.json
+
+# docs/reliability.md: 32 streaming clients, 1,000 requests on the tiny models (then the same past a limit of 8)
+soak: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m specserve.bench.soak --clients 32 --requests 1000 --json docs/reliability-load.json
+	OMP_NUM_THREADS=1 $(PY) -m specserve.bench.soak --clients 32 --requests 1000 --json docs/reliability-overload.json \
+		--max-concurrent-requests 8 --max-queued-requests 8
+
+# docs/reliability.md: 1,000 random examples per fuzz test (make test runs 12, derandomized)
+fuzz: $(STAMP)
+	SPECSERVE_FUZZ_EXAMPLES=1000 SPECSERVE_FUZZ_REPORT=docs/reliability-fuzz.json \
+		$(PY) -m pytest -q -p no:logging tests/integration/test_fuzz.py
 
 # The generated code is committed; tests/unit/test_protos.py fails when it is stale.
 protos: $(STAMP)

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 
 from specserve.config import WorkerServiceConfig
+from specserve.logs import configure_logging
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ class WorkerActor:
         if role not in ("draft", "target"):
             raise ValueError(f"role must be draft or target, got {role!r}")
         self.role, self.config, self.cpu_threads = role, config, cpu_threads
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_logging(logging.INFO)  # request ids on every line; JSON when SPECSERVE_LOG_FORMAT=json
         self._lock = threading.Lock()
         self._state, self._detail = IDLE, ""
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -17,6 +17,7 @@ from orchestrator.service import OrchestratorConfig
 from specserve.config import WorkerServiceConfig
 from specserve.models.loading import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.security import TLSConfig, read_api_key
 
 ROLES = ("draft", "target")
 
@@ -65,9 +66,9 @@ class RoleConfig:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         self.service("127.0.0.1")  # validates the server's own settings
 
-    def service(self, host: str) -> WorkerServiceConfig:
+    def service(self, host: str, tls: TLSConfig | None = None) -> WorkerServiceConfig:
         """The gRPC server one replica runs, listening on `host` (port chosen when it starts)."""
-        return WorkerServiceConfig(self.model, host, 0, self.max_sessions, self.idle_ttl_s, self.max_batch_size)
+        return WorkerServiceConfig(self.model, host, 0, self.max_sessions, self.idle_ttl_s, self.max_batch_size, tls)
 
     def ray_resources(self) -> dict[str, float]:
         """What one replica asks of its node, in Ray's names (as a KubeRay worker group must offer)."""
@@ -90,6 +91,32 @@ class RayConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """TLS and authentication of the whole deployment, in one place."""
+
+    tls_dir: str | None = None
+    """A folder laid out as `specserve certs` writes it (ca.pem, worker.pem, worker-key.pem, orchestrator.pem,
+    orchestrator-key.pem), at this path on every node: TLS on every hop; mutual TLS between the
+    orchestrator and the workers, which answer no one else. None: plaintext."""
+    api_key_file: str | None = None
+    """A file holding the public API's bearer token; SPECSERVE_API_KEY, when set, is used instead. Neither:
+    the public API asks for no token."""
+
+    def worker_tls(self) -> TLSConfig | None:
+        return TLSConfig.from_dir(self.tls_dir, "worker") if self.tls_dir else None
+
+    def apply(self, orchestrator: OrchestratorConfig) -> OrchestratorConfig:
+        """`orchestrator` with this TLS and key (files read now, so a bad path fails before anything starts)."""
+        tls = TLSConfig.from_dir(self.tls_dir, "orchestrator-public") if self.tls_dir else None
+        worker_tls = TLSConfig.from_dir(self.tls_dir, "orchestrator-client") if self.tls_dir else None
+        for config in (tls, worker_tls, self.worker_tls()):
+            if config is not None:
+                config.channel_credentials()  # reads (and so checks) every file
+        api_key = read_api_key(self.api_key_file)
+        return dataclasses.replace(orchestrator, tls=tls, worker_tls=worker_tls, api_key=api_key)
+
+
+@dataclass(frozen=True, slots=True)
 class DeployConfig:
     target: RoleConfig = field(default_factory=lambda: RoleConfig(ModelConfig(DEFAULT_TARGET)))
     draft: RoleConfig | None = field(
@@ -98,6 +125,7 @@ class DeployConfig:
     """None serves target-only."""
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def __post_init__(self) -> None:
         if self.target.replicas < 1:
@@ -140,7 +168,12 @@ def config_from_dict(data: Mapping[str, Any]) -> DeployConfig:
         draft = data["draft"]
         kwargs["draft"] = None if draft is None or draft == "none" else _role(draft, "draft", _default_draft())
     if "orchestrator" in data:
+        secured = sorted({"tls", "worker_tls", "api_key"} & set(_mapping(data["orchestrator"], "orchestrator")))
+        if secured:
+            raise ValueError(f"orchestrator: {secured} are set under security (tls_dir, api_key_file)")
         kwargs["orchestrator"] = _build(OrchestratorConfig, data["orchestrator"], "orchestrator")
+    if "security" in data:
+        kwargs["security"] = _build(SecurityConfig, data["security"], "security")
     if "ray" in data:
         kwargs["ray"] = _build(RayConfig, data["ray"], "ray")
     return DeployConfig(**kwargs)

@@ -98,7 +98,7 @@ class RayFleet:
             index = self._num_created[role]
             self._num_created[role] += 1
         name = f"specserve-{role}-{index}"
-        service = role_config.service(self.config.ray.worker_host)
+        service = role_config.service(self.config.ray.worker_host, self.config.security.worker_tls())
         actor = (
             ray.remote(WorkerActor)
             .options(

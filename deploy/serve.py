@@ -73,12 +73,13 @@ async def serve(
     on_listening: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
+    orchestrator = config.security.apply(config.orchestrator)  # a bad TLS path fails before anything starts
     config = init_ray(config)  # blocking, but nothing else runs yet; Ray wants the main thread for it
     fleet = RayFleet(config)
     try:
         await asyncio.to_thread(fleet.launch)
         await serve_orchestrator(
-            config.orchestrator, fleet, on_listening, stop, ready_timeout_s=config.ray.ready_timeout_s
+            orchestrator, fleet, on_listening, stop, ready_timeout_s=config.ray.ready_timeout_s
         )
     finally:
         await fleet.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import grpc
 
 from draft_service.servicer import DraftServicer
 from draft_service.worker import DraftWorker
@@ -19,6 +21,7 @@ async def serve(
     config: WorkerServiceConfig,
     on_listening: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> None:
     def make_worker() -> DraftWorker:
         return DraftWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s)
@@ -31,4 +34,6 @@ async def serve(
         config.port,
         on_listening,
         stop,
+        interceptors=interceptors,
+        tls=config.tls,
     )

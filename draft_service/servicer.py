@@ -27,7 +27,12 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
         sampling = convert.sampling_from_proto(request.sampling)
         if request.k < 1:
             raise ValueError(f"k must be >= 1, got {request.k}")
-        call = ProposeCall(request.session_id, request.num_kept, list(request.new_token_ids), request.k, sampling)
+        if not 0.0 <= request.confidence_threshold <= 1.0:
+            raise ValueError(f"confidence_threshold must be in [0, 1], got {request.confidence_threshold}")
+        call = ProposeCall(
+            request.session_id, request.num_kept, list(request.new_token_ids), request.k, sampling,
+            request.confidence_threshold,
+        )  # fmt: skip
         proposal, seconds, batch = await self.queue.submit(call)
         response = convert.proposal_to_proto(proposal)
         response.compute_ms, response.batch_size = seconds * 1000, len(batch)

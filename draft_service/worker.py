@@ -10,7 +10,8 @@ from specserve.core.types import Proposal, SamplingParams
 from specserve.core.verify import DRAFT_STREAM, logits_to_probs, make_generator, sample, truncate_support
 from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
-from specserve.models.sequence import CachedSequence, check_token_ids
+from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids
+from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 from specserve.sessions import SessionNotFoundError, SessionStore
 
 
@@ -21,6 +22,8 @@ class ProposeCall:
     new_token_ids: list[int]
     k: int
     sampling: SamplingParams
+    confidence_threshold: float = 0.0
+    """Stop the window after a draft token the draft gave less than this probability (0: never)."""
 
 
 class DraftWorker:
@@ -31,7 +34,7 @@ class DraftWorker:
         self.sessions: SessionStore[DraftSession] = SessionStore(max_sessions, idle_ttl_s)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> DraftSession:
-        check_token_ids(prompt_token_ids, self.loaded, "prompt_token_ids")
+        check_prompt(prompt_token_ids, self.loaded)
         return DraftSession(self.loaded, prompt_token_ids, seed)
 
     def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None = None) -> None:
@@ -65,9 +68,13 @@ class DraftWorker:
         drafting = [a for a in active if a[2].k > 0]
         while drafting:
             logits = feed_batch([s.sequence for _, s, _, _ in drafting], [1] * len(drafting))
-            for (_, session, call, _), row in zip(drafting, logits):
-                session.step(row[-1], call.sampling)  # [vocab]
-            drafting = [a for a in drafting if len(a[1].sequence.token_ids) - a[3] < a[2].k]
+            confident = [
+                session.step(row[-1], call.sampling) >= call.confidence_threshold  # row[-1]: [vocab]
+                for (_, session, call, _), row in zip(drafting, logits)
+            ]
+            drafting = [
+                a for a, ok in zip(drafting, confident) if ok and len(a[1].sequence.token_ids) - a[3] < a[2].k
+            ]
         for i, session, _, start in active:
             results[i] = session.take_proposal(start)
         return results
@@ -76,10 +83,17 @@ class DraftWorker:
         session = self.sessions.get(call.session_id)
         check_token_ids(call.new_token_ids, self.loaded, "new_token_ids")
         num_tokens = len(session.sequence.token_ids)
+        if not 0 <= call.k <= MAX_NUM_SPECULATIVE_TOKENS:  # each draft step holds the model thread
+            raise ValueError(f"k must be in [0, {MAX_NUM_SPECULATIVE_TOKENS}], got {call.k}")
         if not 0 <= call.num_kept <= num_tokens:
             raise ValueError(f"num_kept must be in [0, {num_tokens}], got {call.num_kept}")
         if len(call.new_token_ids) + call.num_kept + call.k > self.loaded.max_context:
             raise ValueError(f"the draft's context holds {self.loaded.max_context} tokens")
+        if call.k > 0 and not call.new_token_ids and call.num_kept <= session.sequence.num_cached:
+            raise ValueError(  # every kept token is already fed: no logits to draft from
+                f"nothing to draft from: num_kept {call.num_kept} keeps only tokens already seen and "
+                "new_token_ids is empty; send the round's new token"
+            )
         return session
 
     def release(self, session_id: str) -> bool:
@@ -95,6 +109,7 @@ class DraftSession:
         self.sequence = CachedSequence(loaded.model, prompt_token_ids)
         self.generator = make_generator(seed, DRAFT_STREAM)
         self._probs_rows: list[torch.Tensor] = []
+        self.confidence_threshold = 0.0  # for propose(); the service passes one per call instead
 
     def prefill(self) -> None:
         """Cache all prompt tokens but the last, which the first propose() feeds."""
@@ -103,19 +118,24 @@ class DraftSession:
 
     def propose(self, k: int, sampling: SamplingParams) -> Proposal:
         start = len(self.sequence.token_ids)
-        for _ in range(k):
-            self.step(self.sequence.feed(1)[-1], sampling)  # feeds the accepted tokens first, then each proposal
+        for _ in range(k):  # feeds the accepted tokens first, then each proposal
+            if self.step(self.sequence.feed(1)[-1], sampling) < self.confidence_threshold:
+                break
         return self.take_proposal(start)
 
-    def step(self, logits: torch.Tensor, sampling: SamplingParams) -> None:
-        """Draft one token from logits [vocab] at the end of the sequence."""
+    def step(self, logits: torch.Tensor, sampling: SamplingParams) -> float:
+        """Draft one token from logits [vocab] at the end of the sequence; returns the probability the draft
+        gave it. Stopping a window on a low one keeps the output exact: the stop depends on draft-side
+        randomness only, and the target checks each drafted token as before."""
         if sampling.greedy:
-            token_id = int(logits.argmax())
+            probs = torch.softmax(logits.float(), dim=-1)
+            token_id = int(probs.argmax())
         else:
             probs = truncate_support(logits_to_probs(logits[None], sampling))[0]
             self._probs_rows.append(probs)
             token_id = sample(probs, self.generator)
         self.sequence.token_ids.append(token_id)
+        return float(probs[token_id])
 
     def take_proposal(self, start: int) -> Proposal:
         """The tokens drafted since `start`, with their distributions when sampling."""

@@ -1,6 +1,6 @@
 """Python clients of the public API, sync and asyncio. Every call has a deadline.
 
-client = SpecServeClient("127.0.0.1:50051")
+client = SpecServeClient("127.0.0.1:50051")  # TLS + key: tls=TLSConfig(ca="ca.pem"), api_key="..."
 print(client.generate("def fib(n):", max_tokens=64).text)
 """
 
@@ -9,13 +9,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-import grpc
-
 from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams
+from specserve.security import TLSConfig, aio_channel, client_channel
 
 
 def build_request(
@@ -44,8 +43,11 @@ def build_request(
 
 
 class SpecServeClient:
-    def __init__(self, address: str, timeout_s: float = 600.0) -> None:
-        self.channel = grpc.insecure_channel(address)
+    def __init__(
+        self, address: str, timeout_s: float = 600.0, *, tls: TLSConfig | None = None, api_key: str | None = None
+    ) -> None:
+        """tls: connect over TLS (trusting tls.ca); api_key: sent as a bearer token with every call."""
+        self.channel = client_channel(address, tls, api_key)
         self.stub = pb_grpc.OrchestratorStub(self.channel)
         self.timeout_s = timeout_s
 
@@ -69,8 +71,10 @@ class SpecServeClient:
 
 
 class AsyncSpecServeClient:
-    def __init__(self, address: str, timeout_s: float = 600.0) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+    def __init__(
+        self, address: str, timeout_s: float = 600.0, *, tls: TLSConfig | None = None, api_key: str | None = None
+    ) -> None:
+        self.channel = aio_channel(address, tls, api_key)
         self.stub = pb_grpc.OrchestratorStub(self.channel)
         self.timeout_s = timeout_s
 

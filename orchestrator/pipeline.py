@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import grpc
 
+from orchestrator.admission import Admission
 from orchestrator.remote import DraftClient, PassReport, TargetClient
 from orchestrator.replicas import Replica, ReplicaPool
 from specserve.core.loop import Decode, SpeculativeDecoder, StopConditions
@@ -56,6 +57,10 @@ class RequestPlan:
     """How long the request waits for a usable target replica (e.g. while Ray restarts the only one)."""
     adaptive: bool = False
     """k is the most drafts per round; each round's k follows acceptance, costs and batch size."""
+    draft_timeout_s: float = 30.0
+    """A proposal later than this is given up: the round goes target-only (see RemoteRequest._propose)."""
+    confidence_threshold: float = 0.0
+    """The draft ends a window after a token it gave less than this probability."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,7 @@ class PipelineStats:
     num_predrafts: int = 0
     num_predraft_hits: int = 0
     num_draft_failures: int = 0
+    num_draft_timeouts: int = 0
     num_target_reprefills: int = 0
     num_target_moves: int = 0
     failover_s: float = 0.0
@@ -78,9 +84,15 @@ class PipelineStats:
 
 class RemoteRequest:
     def __init__(
-        self, target_pool: ReplicaPool, draft_pool: ReplicaPool | None, plan: RequestPlan, decode: Decode
+        self,
+        target_pool: ReplicaPool,
+        draft_pool: ReplicaPool | None,
+        plan: RequestPlan,
+        decode: Decode,
+        admission: Admission | None = None,
     ) -> None:
         self.target_pool, self.draft_pool, self.plan = target_pool, draft_pool if plan.k > 0 else None, plan
+        self.admission = admission
         self.session_id = uuid.uuid4().hex
         self.started = time.perf_counter()
         self.decoder = SpeculativeDecoder(
@@ -110,6 +122,7 @@ class RemoteRequest:
         return self.plan.prompt_token_ids + self.decoder.result.token_ids
 
     async def stream(self) -> AsyncIterator[Chunk]:
+        admitted = await self.admission.acquire() if self.admission is not None else None  # may refuse
         try:
             await self._prefill()
             async for emitted in self._rounds():
@@ -119,7 +132,11 @@ class RemoteRequest:
             if self._predraft is not None and not self._predraft.done():
                 self._predraft.cancel()
             logger.debug("session %s: %s", self.session_id, self.pipeline)
-            await asyncio.shield(self._release())
+            try:  # a cancelled client (or disconnect) lands here too: its sessions are released at once
+                await asyncio.shield(self._release())
+            finally:
+                if self.admission is not None and admitted is not None:
+                    self.admission.release(admitted)
 
     async def _prefill(self) -> None:
         self.target = await self.target_pool.acquire(self.plan.failover_timeout_s)
@@ -237,6 +254,7 @@ class RemoteRequest:
     async def _rounds(self) -> AsyncIterator[list[int]]:
         decoder = self.decoder
         ready: Proposal | None = None  # a pre-drafted window that turned out right
+        round_ended = time.perf_counter()
         while (k := self._next_k()) is not None:
             t0 = time.perf_counter()
             proposal = ready if ready is not None else await self._propose(k)
@@ -249,9 +267,12 @@ class RemoteRequest:
             ready = await self._settle_predraft(predraft, proposal, verdict)
             if ready is None:  # the draft's next propose first drops rejected drafts, appends the new token
                 self._commit = (context_length + verdict.num_accepted, verdict.token_ids[-1:])
-            if self.plan.adaptive and self.target is not None:
-                policy = self.target.adaptive_k(self.plan.k).policy
-                policy.observe(len(proposal.token_ids), verdict.num_accepted, t1 - t0)
+            if self.plan.adaptive and self.target is not None:  # the whole round, waits and overlap included
+                now = time.perf_counter()
+                self.target.adaptive_k(self.plan.k).observe(
+                    self._batch_size(), len(proposal.token_ids), verdict.num_accepted, now - round_ended, now
+                )
+                round_ended = now
             emitted = decoder.apply(proposal, verdict, t1 - t0, t2 - t1)
             if emitted:
                 yield emitted
@@ -259,10 +280,11 @@ class RemoteRequest:
     def _next_k(self) -> int | None:
         """The decoder's next window, its k chosen by the adaptive policy first when there is one."""
         if self.plan.adaptive and self.target is not None and self.plan.k > 0:
-            shared = self.target.adaptive_k(self.plan.k)
-            batch_size = max(1, self.target.num_sessions)
-            self.decoder.k = shared.choose(self.target.pass_cost, batch_size, time.perf_counter())
+            self.decoder.k = self.target.adaptive_k(self.plan.k).choose(self._batch_size(), time.perf_counter())
         return self.decoder.next_k()
+
+    def _batch_size(self) -> int:
+        return max(1, self.target.num_sessions if self.target is not None else 1)
 
     async def _propose(self, k: int) -> Proposal:
         self._reattach_draft()
@@ -273,13 +295,31 @@ class RemoteRequest:
         async def propose(client: DraftClient) -> tuple[Proposal, float]:
             num_kept, new_token_ids = self._commit
             num_kept = min(num_kept, self._draft_length)
-            result = await client.propose(
-                self.session_id, num_kept, new_token_ids, k, self.plan.sampling, self.plan.vocab_size
-            )
+            try:
+                result = await client.propose(
+                    self.session_id, num_kept, new_token_ids, k, self.plan.sampling, self.plan.vocab_size,
+                    timeout_s=self.plan.draft_timeout_s, confidence_threshold=self.plan.confidence_threshold,
+                )  # fmt: skip
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise _DraftTooSlowError from error
+                raise
             self._draft_length = num_kept + len(new_token_ids) + len(result[0].token_ids)
             return result
 
-        result = await self._on_draft(propose)
+        try:
+            result = await self._on_draft(propose)
+        except _DraftTooSlowError:
+            # Slow, not dead: the replica stays in service. This round goes target-only; the late call may
+            # still change the draft's session, so the request lets it go and takes a draft back (prefilled
+            # afresh) after DRAFT_REATTACH_S.
+            self.pipeline.num_draft_timeouts += 1
+            logger.warning(
+                "session %s: the draft took over %.2fs to propose; this round goes target-only",
+                self.session_id, self.plan.draft_timeout_s,
+            )  # fmt: skip
+            self._abandon_draft()
+            return Proposal([])
         if result is None:
             return Proposal([])
         proposal, report = result
@@ -300,7 +340,10 @@ class RemoteRequest:
     async def _predraft_call(self, client: DraftClient, num_kept: int, k: int) -> tuple[Proposal, PassReport] | None:
         """A failed guess costs nothing: the next propose recovers the session or drops the draft."""
         try:
-            return await client.propose(self.session_id, num_kept, [], k, self.plan.sampling, self.plan.vocab_size)
+            return await client.propose(
+                self.session_id, num_kept, [], k, self.plan.sampling, self.plan.vocab_size,
+                timeout_s=self.plan.draft_timeout_s, confidence_threshold=self.plan.confidence_threshold,
+            )  # fmt: skip
         except grpc.aio.AioRpcError as error:
             logger.debug("pre-draft failed for session %s: %s", self.session_id, error)
             return None
@@ -317,19 +360,20 @@ class RemoteRequest:
         result = await predraft
         if result is None:
             return None
-        guess, _ = result  # [bonus guess, next window...]
+        guess, report = result  # [bonus guess, next window...]
         self._draft_length += len(guess.token_ids)
         if verdict.num_accepted < len(proposal.token_ids) or verdict.token_ids[-1] != guess.token_ids[0]:
             return None
+        if len(guess.token_ids) == 1:  # the draft stopped after the bonus guess (low confidence): no window
+            return None
         self.pipeline.num_predraft_hits += 1
+        self.decoder.result.stats.draft_hidden_s += report.compute_s
         return Proposal(guess.token_ids[1:], None if guess.probs is None else guess.probs[1:])
 
     async def _verify(self, proposal: Proposal) -> Verdict:
         started = time.perf_counter()
         verdict, report = await self._on_target(lambda c: c.verify(self.session_id, proposal, self.plan.sampling))
         self.decoder.result.stats.transport_s += time.perf_counter() - started - report.compute_s
-        if self.target is not None and report.batch_tokens:
-            self.target.pass_cost.observe(report.batch_tokens, report.compute_s)
         return verdict
 
     async def _release(self) -> None:
@@ -338,6 +382,10 @@ class RemoteRequest:
                 pool.release(replica)
         held = [r for r in (self.target, self.draft) if r is not None]
         await asyncio.gather(*(_release_quietly(r, self.session_id) for r in held))
+
+
+class _DraftTooSlowError(Exception):
+    """A propose missed the plan's draft_timeout_s (distinct from a failed replica)."""
 
 
 async def _nothing(client: object) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -11,6 +12,7 @@ from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.rpc import server_options
+from specserve.security import TLSConfig, aio_channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +47,14 @@ class _WorkerClient:
 
     stub: pb_grpc.DraftServiceStub | pb_grpc.TargetServiceStub
 
-    def __init__(self, address: str, deadlines: Deadlines) -> None:
+    def __init__(
+        self, address: str, deadlines: Deadlines, tls: TLSConfig | None = None,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> None:  # fmt: skip
+        """tls: call the worker over TLS (its certificate checked against tls.ca, ours presented)."""
         self.address = address
         self.deadlines = deadlines
-        self.channel = grpc.aio.insecure_channel(address, options=server_options())
+        self.channel = aio_channel(address, tls, options=server_options(), interceptors=interceptors)
 
     async def model_info(self) -> ModelInfo:
         return _model_info(await self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.deadlines.control_s))
@@ -65,8 +71,11 @@ class _WorkerClient:
 
 
 class DraftClient(_WorkerClient):
-    def __init__(self, address: str, deadlines: Deadlines = Deadlines()) -> None:
-        super().__init__(address, deadlines)
+    def __init__(
+        self, address: str, deadlines: Deadlines = Deadlines(), tls: TLSConfig | None = None,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> None:  # fmt: skip
+        super().__init__(address, deadlines, tls, interceptors)
         self.stub = pb_grpc.DraftServiceStub(self.channel)
 
     async def propose(
@@ -77,23 +86,30 @@ class DraftClient(_WorkerClient):
         k: int,
         sampling: SamplingParams,
         vocab_size: int,
+        timeout_s: float | None = None,
+        confidence_threshold: float = 0.0,
     ) -> tuple[Proposal, PassReport]:
+        """`timeout_s` (default: the round deadline) lets the caller give up sooner on a slow draft."""
         request = pb.ProposeRequest(
             session_id=session_id,
             num_kept=num_kept,
             new_token_ids=new_token_ids,
             k=k,
             sampling=convert.sampling_to_proto(sampling),
+            confidence_threshold=confidence_threshold,
         )
-        response = await self.stub.Propose(request, timeout=self.deadlines.round_s)
+        response = await self.stub.Propose(request, timeout=timeout_s or self.deadlines.round_s)
         probs = response.probs if response.HasField("probs") else None
         report = PassReport(response.compute_ms / 1000, response.batch_size)
         return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size), report
 
 
 class TargetClient(_WorkerClient):
-    def __init__(self, address: str, deadlines: Deadlines = Deadlines()) -> None:
-        super().__init__(address, deadlines)
+    def __init__(
+        self, address: str, deadlines: Deadlines = Deadlines(), tls: TLSConfig | None = None,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> None:  # fmt: skip
+        super().__init__(address, deadlines, tls, interceptors)
         self.stub = pb_grpc.TargetServiceStub(self.channel)
 
     async def verify(self, session_id: str, proposal: Proposal, sampling: SamplingParams) -> tuple[Verdict, PassReport]:

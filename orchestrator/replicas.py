@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.remote import DraftClient, ModelInfo, TargetClient
-from specserve.core.adaptive import AdaptiveK, PassCost, SharedAdaptiveK
+from specserve.core.adaptive import AdaptiveK
 from specserve.rpc import PreconditionError
 
 logger = logging.getLogger(__name__)
@@ -75,14 +75,12 @@ class Replica:
     draining: bool = False
     failed: bool = False
     """A call failed; no new sessions until a health check passes again."""
-    pass_cost: PassCost = field(default_factory=PassCost)
-    """Seconds of this replica's passes against the tokens in them, as measured (adaptive speculation)."""
-    speculation: SharedAdaptiveK | None = None
+    speculation: AdaptiveK | None = None
     """The adaptive k its sessions share (made on first use)."""
 
-    def adaptive_k(self, max_k: int) -> SharedAdaptiveK:
-        if self.speculation is None or self.speculation.policy.max_k != max_k:
-            self.speculation = SharedAdaptiveK(AdaptiveK(max_k))
+    def adaptive_k(self, max_k: int) -> AdaptiveK:
+        if self.speculation is None or self.speculation.max_k != max_k:
+            self.speculation = AdaptiveK(max_k)
         return self.speculation
 
     @property

@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from orchestrator.pipeline import RemoteRequest, RequestPlan
+from orchestrator.admission import Admission
+from orchestrator.metrics import Metrics, ReplicaState, ServingState
+from orchestrator.pipeline import Chunk, RemoteRequest, RequestPlan
 from orchestrator.remote import ModelInfo
 from orchestrator.replicas import Fleet, Replica, ReplicaPool
 from specserve.config import GenerationRequest
 from specserve.models.tokenizers import TokenizerMismatchError
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS, resolve_k, stop_conditions, tokenize_request
+from specserve.security import TLSConfig
 
 logger = logging.getLogger(__name__)
 
@@ -30,29 +34,68 @@ class OrchestratorConfig:
     acceptance, the measured draft and target costs and the batch size; 0 when speculation would not pay.
     Seeded sampled requests keep the fixed k, so that they reproduce."""
     max_adaptive_k: int = 8
+    draft_confidence_threshold: float = 0.0
+    """The draft ends a window early after a token it gave less than this probability (0: never; exact
+    either way: the target checks each drafted token as before)."""
     pipelined: bool = True
     """Pre-draft the next window while the target verifies this one."""
     host: str = "127.0.0.1"
     """Interface of the public API; 0.0.0.0 opens it to the network."""
     port: int = 50051
+    http_port: int | None = 8000
+    """Port of the OpenAI-compatible HTTP API and /metrics, on `host`; 0 picks a free port, None turns it off."""
     discovery_interval_s: float = 1.0
     """How often the replica list is refreshed from the fleet (new, restarted and removed replicas)."""
     failover_timeout_s: float = 120.0
     """How long a request waits for a usable target replica before UNAVAILABLE."""
     drain_timeout_s: float = 60.0
     """Scaling down waits this long for a replica's sessions to finish; the rest then move elsewhere."""
+    max_concurrent_requests: int = 128
+    """Requests decoding at once (each holds a KV cache on a target and a draft replica); keep it within
+    the replicas' max_sessions, past which workers evict sessions and requests prefill again."""
+    max_queued_requests: int = 512
+    """Requests waiting for a slot beyond those; more are refused at once with RESOURCE_EXHAUSTED and a
+    retry hint (trailing metadata `retry-after-ms`)."""
+    queue_timeout_s: float = 30.0
+    """A queued request waits this long for a slot, then is refused the same way."""
+    draft_timeout_s: float = 5.0
+    """A draft that takes longer than this to propose is not waited for: that round goes target-only (the
+    request drafts again a little later). Lossless; it bounds what a slow draft costs a round."""
+    shutdown_grace_s: float = 30.0
+    """On SIGTERM: new requests are refused (UNAVAILABLE, health NOT_SERVING) and the ones in flight get
+    this long to finish before they are cancelled."""
+    tls: TLSConfig | None = None
+    """Serve the public and admin API over TLS. None: plaintext."""
+    worker_tls: TLSConfig | None = None
+    """Call the workers over TLS, presenting this certificate (mutual TLS). None: plaintext."""
+    api_key: str | None = field(default=None, repr=False)
+    """Every public and admin call must carry `authorization: Bearer <api_key>` (else UNAUTHENTICATED).
+    None: no authentication (loopback and trusted networks only)."""
 
     def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty or blank; None turns authentication off")
         if not 0 <= self.num_speculative_tokens <= MAX_NUM_SPECULATIVE_TOKENS:
             k, limit = self.num_speculative_tokens, MAX_NUM_SPECULATIVE_TOKENS
             raise ValueError(f"num_speculative_tokens must be in [0, {limit}], got {k}")
         if not 1 <= self.max_adaptive_k <= MAX_NUM_SPECULATIVE_TOKENS:
             raise ValueError(f"max_adaptive_k must be in [1, {MAX_NUM_SPECULATIVE_TOKENS}], got {self.max_adaptive_k}")
+        if not 0.0 <= self.draft_confidence_threshold <= 1.0:
+            raise ValueError(f"draft_confidence_threshold must be in [0, 1], got {self.draft_confidence_threshold}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("discovery_interval_s", "failover_timeout_s", "drain_timeout_s"):
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be in [0, 65535] or None (no HTTP API), got {self.http_port}")
+        for name in ("discovery_interval_s", "failover_timeout_s", "drain_timeout_s", "queue_timeout_s",
+                     "draft_timeout_s"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_concurrent_requests < 1:
+            raise ValueError(f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}")
+        if self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        if self.shutdown_grace_s < 0:
+            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
 
 
 class Orchestrator:
@@ -63,12 +106,16 @@ class Orchestrator:
         tokenizer: PreTrainedTokenizerBase,
         target_pool: ReplicaPool,
         draft_pool: ReplicaPool | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         assert target_pool.info is not None, "connect() admits a target replica first"
         self.config, self.fleet, self.tokenizer = config, fleet, tokenizer
         self.target_pool, self.draft_pool = target_pool, draft_pool
         self.pools = {"target": target_pool} | ({"draft": draft_pool} if draft_pool is not None else {})
         self._discovery: asyncio.Task[None] | None = None
+        self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, config.queue_timeout_s)
+        self.metrics = metrics or Metrics()
+        self.metrics.watch(self._serving_state)
 
     @property
     def target_info(self) -> ModelInfo:
@@ -107,8 +154,30 @@ class Orchestrator:
             pipelined=self.config.pipelined if pipelined is None else pipelined,
             failover_timeout_s=self.config.failover_timeout_s,
             adaptive=adaptive,
+            draft_timeout_s=self.config.draft_timeout_s,
+            confidence_threshold=self.config.draft_confidence_threshold,
         )
-        return RemoteRequest(self.target_pool, self.draft_pool, plan, self.decode)
+        return RemoteRequest(self.target_pool, self.draft_pool, plan, self.decode, self.admission)
+
+    async def generate(self, request: GenerationRequest, api: str) -> AsyncGenerator[Chunk, None]:
+        """What the public APIs (gRPC, HTTP) serve: start() then stream(), observed in self.metrics."""
+        tracker = self.metrics.track(api)
+        try:
+            remote = self.start(request)
+            async with contextlib.aclosing(remote.stream()) as chunks:  # a caller that leaves frees the sessions
+                async for chunk in chunks:
+                    tracker.observe_chunk(len(chunk.token_ids), chunk.decoder.result.stats)
+                    yield chunk
+        except BaseException as error:  # GeneratorExit and CancelledError too: counted, then re-raised
+            tracker.finish(error)
+            raise
+        tracker.finish(None, remote.decoder.result.stats)
+
+    def _serving_state(self) -> ServingState:
+        replicas = [
+            ReplicaState(role, r.address, r.state, r.num_sessions) for role in self.pools for r in self.replicas(role)
+        ]
+        return ServingState(self.admission.num_running, self.admission.num_queued, replicas)
 
     def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)

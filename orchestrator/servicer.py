@@ -22,10 +22,9 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
 
     @unary_errors
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        remote = self.orchestrator.start(convert.generation_request_from_proto(request))
-        async for _ in remote.stream():
-            pass
-        result = remote.decoder.result
+        async for chunk in self.orchestrator.generate(convert.generation_request_from_proto(request), "grpc"):  # noqa: B007
+            pass  # the last chunk's decoder holds the whole result
+        result = chunk.decoder.result
         return pb.GenerateResponse(
             text=result.text,
             token_ids=result.token_ids,
@@ -37,8 +36,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateChunk]:
-        remote = self.orchestrator.start(convert.generation_request_from_proto(request))
-        async for chunk in remote.stream():
+        async for chunk in self.orchestrator.generate(convert.generation_request_from_proto(request), "grpc"):
             result = chunk.decoder.result
             final = result.finish_reason is not None and not chunk.token_ids
             yield pb.GenerateChunk(

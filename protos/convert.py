@@ -10,6 +10,7 @@ from specserve.core.stats import SpeculationStats
 from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.core.verify import sparse_rows
 from specserve.models.loading import LoadedModel
+from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 
 
 def sampling_to_proto(sampling: SamplingParams) -> pb.SamplingParams:
@@ -56,9 +57,13 @@ def proposal_to_proto(proposal: Proposal) -> pb.ProposeResponse:
 
 
 def proposal_from_proto(token_ids: list[int], probs: pb.SparseProbs | None, vocab_size: int) -> Proposal:
-    dense = probs_from_proto(probs, vocab_size) if probs is not None and probs.row_lengths else None
-    if dense is not None and dense.shape[0] != len(token_ids):
-        raise ValueError(f"draft_probs has {dense.shape[0]} rows for {len(token_ids)} draft tokens")
+    # checked before densifying: a few MB of row_lengths would otherwise allocate [rows, vocab] floats
+    if len(token_ids) > MAX_NUM_SPECULATIVE_TOKENS:
+        raise ValueError(f"at most {MAX_NUM_SPECULATIVE_TOKENS} draft tokens per round, got {len(token_ids)}")
+    num_rows = len(probs.row_lengths) if probs is not None else 0
+    if num_rows and num_rows != len(token_ids):
+        raise ValueError(f"draft_probs has {num_rows} rows for {len(token_ids)} draft tokens")
+    dense = probs_from_proto(probs, vocab_size) if probs is not None and num_rows else None
     return Proposal(list(token_ids), dense)
 
 

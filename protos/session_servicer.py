@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -29,12 +30,27 @@ class SessionServicer(WorkerServicer):
     async def GetModelInfo(
         self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInfoResponse:
-        return convert.model_info_to_proto(self.worker.loaded, self.fingerprint)
+        info = convert.model_info_to_proto(self.worker.loaded, self.fingerprint)
+        info.num_sessions = len(self.worker.sessions)
+        return info
 
     @unary_errors
     async def Prefill(self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
         seed = request.seed if request.HasField("seed") else None
-        await self.executor.run(self.worker.prefill, request.session_id, list(request.prompt_token_ids), seed)
+        prefill = asyncio.ensure_future(
+            self.executor.run(self.worker.prefill, request.session_id, list(request.prompt_token_ids), seed)
+        )
+        try:
+            await asyncio.shield(prefill)
+        except asyncio.CancelledError:  # the caller left (and may have sent Release already): drop the session
+
+            def drop(done: asyncio.Future[None]) -> None:
+                if not done.cancelled():
+                    done.exception()  # retrieved: a failed prefill left no session anyway
+                self.worker.release(request.session_id)
+
+            prefill.add_done_callback(drop)
+            raise
         return pb.PrefillResponse()
 
     @unary_errors

@@ -39,7 +39,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("proposed", "accepted", "acceptance_rate", "rounds", "tokens_per_second", "time_to_first_token_ms", "mean_acceptance_length", "prompt_tokens", "generated_tokens", "draft_ms", "target_ms", "total_ms", "transport_ms", "rejections")
+    __slots__ = ("proposed", "accepted", "acceptance_rate", "rounds", "tokens_per_second", "time_to_first_token_ms", "mean_acceptance_length", "prompt_tokens", "generated_tokens", "draft_ms", "target_ms", "total_ms", "transport_ms", "rejections", "proposed_at_position", "accepted_at_position", "draft_hidden_ms")
     PROPOSED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,9 @@ class GenerationStats(_message.Message):
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_MS_FIELD_NUMBER: _ClassVar[int]
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_AT_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_AT_POSITION_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
     proposed: int
     accepted: int
     acceptance_rate: float
@@ -68,7 +71,10 @@ class GenerationStats(_message.Message):
     total_ms: float
     transport_ms: float
     rejections: int
-    def __init__(self, proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., rounds: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transport_ms: _Optional[float] = ..., rejections: _Optional[int] = ...) -> None: ...
+    proposed_at_position: _containers.RepeatedScalarFieldContainer[int]
+    accepted_at_position: _containers.RepeatedScalarFieldContainer[int]
+    draft_hidden_ms: float
+    def __init__(self, proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., rounds: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transport_ms: _Optional[float] = ..., rejections: _Optional[int] = ..., proposed_at_position: _Optional[_Iterable[int]] = ..., accepted_at_position: _Optional[_Iterable[int]] = ..., draft_hidden_ms: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats")
@@ -187,18 +193,20 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids")
+    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids", "num_sessions")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     model: str
     tokenizer_fingerprint: str
     vocab_size: int
     max_context: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    num_sessions: int
+    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_sessions: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("session_id", "prompt_token_ids", "seed")
@@ -215,18 +223,20 @@ class PrefillResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "num_kept", "new_token_ids", "k", "sampling")
+    __slots__ = ("session_id", "num_kept", "new_token_ids", "k", "sampling", "confidence_threshold")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_KEPT_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     num_kept: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
     k: int
     sampling: SamplingParams
-    def __init__(self, session_id: _Optional[str] = ..., num_kept: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    confidence_threshold: float
+    def __init__(self, session_id: _Optional[str] = ..., num_kept: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., confidence_threshold: _Optional[float] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("token_ids", "probs", "compute_ms", "batch_size")

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import os
+import shlex
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -15,14 +20,18 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from specserve.bench.load import DEFAULT_MODES as DEFAULT_LOAD_MODES
 from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
 from specserve.core.types import SamplingParams
+from specserve.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 from specserve.models.loading import DTYPES, QUANTIZATIONS, ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
+from specserve.security import API_KEY_ENV, ORCHESTRATOR_NAME, TLSConfig
 
 if TYPE_CHECKING:
     from deploy.config import DeployConfig
 
+LOG_FORMAT_HELP = f"text, or one JSON object per line (default: ${LOG_FORMAT_ENV}, else text)"
 DEMO_PROMPT = 'def quicksort(items: list[int]) -> list[int]:\n    """Sort items with quicksort."""\n'
 
 
@@ -99,7 +108,7 @@ def _generate_remote(args: argparse.Namespace, prompt: str) -> int:
     from protos import convert
 
     request = convert.generation_request_to_proto(_request(args, prompt))
-    with SpecServeClient(args.address) as client:
+    with SpecServeClient(args.address, **_client_security(args)) as client:
         text, token_ids = [], []
         for chunk in client.stub.GenerateStream(request, timeout=client.timeout_s):
             text.append(chunk.text)
@@ -110,6 +119,20 @@ def _generate_remote(args: argparse.Namespace, prompt: str) -> int:
     stats = MessageToDict(chunk.stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     _print_result(args, "".join(text), token_ids, chunk.finish_reason, stats)
     return 0
+
+
+def _add_client_security_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("security")
+    g.add_argument("--tls-ca", metavar="PEM", help="connect over TLS trusting this CA (DIR/ca.pem of specserve certs)")
+    g.add_argument("--api-key", help=f"bearer token of the public API (default: ${API_KEY_ENV})")
+
+
+def _client_security(args: argparse.Namespace) -> dict[str, object]:
+    """SpecServeClient's tls and api_key from --tls-ca / --api-key (or SPECSERVE_API_KEY)."""
+    from specserve.security import TLSConfig, api_key_from_env
+
+    tls = TLSConfig(ca=args.tls_ca) if getattr(args, "tls_ca", None) else None
+    return {"tls": tls, "api_key": getattr(args, "api_key", None) or api_key_from_env()}
 
 
 def _print_result(args: argparse.Namespace, text: str, token_ids: list[int], finish_reason: str, stats: dict) -> None:
@@ -152,6 +175,20 @@ def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host", help="interface of the public API (default 127.0.0.1; 0.0.0.0 opens it)")
     g.add_argument("--port", type=int, help="public API port (default 50051)")
     g.add_argument("--no-pipeline", action="store_true", default=None, help="do not pre-draft during verification")
+    g.add_argument("--http-port", type=int, help="OpenAI-compatible HTTP API and /metrics (default 8000; 0: any free)")
+    g.add_argument("--no-http", action="store_true", help="serve the gRPC API only")
+    g.add_argument("--draft-confidence-threshold", type=float, help="the draft ends a window after a token it gave "
+                   "less than this probability (default 0: never)")  # fmt: skip
+    g = parser.add_argument_group("security (default: plaintext, no key; keep such a stack on loopback)")
+    g.add_argument("--tls-dir", metavar="DIR", help="certificates from `specserve certs`: TLS on every hop, mutual "
+                   "TLS to the workers (the same path on every node)")  # fmt: skip
+    g.add_argument("--api-key-file", metavar="FILE", help=f"bearer token the public API requires (or ${API_KEY_ENV})")
+    g.add_argument("--max-concurrent-requests", type=int, help="requests decoding at once (default 128)")
+    g.add_argument("--max-queued-requests", type=int, help="requests waiting beyond those (default 512); "
+                   "more are refused RESOURCE_EXHAUSTED with a retry hint")  # fmt: skip
+    g.add_argument("--queue-timeout-s", type=float, help="how long a queued request waits (default 30)")
+    g.add_argument("--draft-timeout-s", type=float, help="a slower proposal is skipped: target-only round (default 5)")
+    g.add_argument("--shutdown-grace-s", type=float, help="on SIGTERM, time in-flight requests get (default 30)")
 
 
 def _deploy_config(args: argparse.Namespace, **overrides: object) -> DeployConfig:
@@ -172,11 +209,21 @@ def _deploy_config(args: argparse.Namespace, **overrides: object) -> DeployConfi
         "orchestrator.host": args.host,
         "orchestrator.port": args.port,
         "orchestrator.pipelined": False if args.no_pipeline else None,
+        "orchestrator.draft_confidence_threshold": args.draft_confidence_threshold,
+        "security.tls_dir": args.tls_dir,
+        "security.api_key_file": args.api_key_file,
     }
+    for name in ("max_concurrent_requests", "max_queued_requests", "queue_timeout_s", "draft_timeout_s",
+                 "shutdown_grace_s"):  # fmt: skip
+        flags[f"orchestrator.{name}"] = getattr(args, name)
+    flags["orchestrator.http_port"] = args.http_port
     flags |= {f"orchestrator.{name}": value for name, value in overrides.items()}
     if args.draft is not None and args.draft.lower() == "none":
         flags["draft"] = "none"  # last: it drops the draft section whatever the file said
-    return load_config(args.config, flags)
+    config = load_config(args.config, flags)
+    if args.no_http:  # None in the flags means "not given", so switching it off goes here
+        config = dataclasses.replace(config, orchestrator=dataclasses.replace(config.orchestrator, http_port=None))
+    return config
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -188,13 +235,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The served stack on a local Ray instance, one streamed request through the gRPC client, then shut down."""
+    """The served stack on a local Ray instance, one streamed request through the gRPC client; then a curl
+    line for the OpenAI-compatible API, run once, and (unless --once) serving until Ctrl-C."""
     import threading
 
     from deploy.serve import serve
     from specserve.launcher import free_port
 
-    config = _deploy_config(args, port=free_port())
+    http_port = {} if args.no_http else {"http_port": args.http_port or free_port()}
+    config = _deploy_config(args, port=free_port(), **http_port)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     listening = threading.Event()
@@ -208,23 +257,60 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print("specserve: error: the served stack failed to start (see the log above)", file=sys.stderr)
             return 1
     args.address, args.stream = f"127.0.0.1:{config.orchestrator.port}", True
+    if config.security.tls_dir:
+        args.tls_ca = str(Path(config.security.tls_dir) / "ca.pem")
+    if config.security.api_key_file and not getattr(args, "api_key", None):
+        from specserve.security import read_api_key
+
+        args.api_key = read_api_key(config.security.api_key_file)
     print(f"orchestrator on {args.address}; request:\n", file=sys.stderr)
     print(DEMO_PROMPT, end="")
     try:
-        return _generate_remote(args, DEMO_PROMPT)
+        code = _generate_remote(args, DEMO_PROMPT)
+        if code != 0 or config.orchestrator.http_port is None:
+            return code
+        line = _curl_line(config)
+        print(f"\nthe OpenAI-compatible API, with curl:\n{line}\n", flush=True)
+        if shutil.which("curl"):
+            subprocess.run(["bash", "-c", line + " && echo"], timeout=600, check=False)
+        if args.once:
+            return 0
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the stack like Ctrl-C
+        print("serving until Ctrl-C (metrics: " + line.split(" ")[2].replace("/v1/completions", "/metrics") + ")",
+              file=sys.stderr, flush=True)  # fmt: skip
+        while server.is_alive():
+            server.join(0.5)
+        return 1  # the stack stopped on its own
+    except KeyboardInterrupt:
+        return 0
     finally:
         loop.call_soon_threadsafe(stop.set)
         server.join(60)
 
 
+def _curl_line(config: DeployConfig) -> str:
+    """A curl command for the running demo's HTTP API, the key (if any) read where the server read it."""
+    o = config.orchestrator
+    host = "127.0.0.1" if o.host in ("0.0.0.0", "::", "[::]") else o.host
+    scheme, extra = "http", ""
+    if config.security.tls_dir:
+        scheme, extra = "https", f" --cacert {shlex.quote(str(Path(config.security.tls_dir) / 'ca.pem'))}"
+    if o.api_key is not None or config.security.api_key_file:
+        key_file = shlex.quote(config.security.api_key_file or "")
+        key = f"${API_KEY_ENV}" if os.environ.get(API_KEY_ENV) else f"$(cat {key_file})"
+        extra += f' -H "Authorization: Bearer {key}"'
+    body = json.dumps({"model": config.target.model.name, "prompt": "def fib(n):", "max_tokens": 48, "temperature": 0})
+    return (f"curl -s {scheme}://{host}:{o.http_port}/v1/completions{extra} -H 'Content-Type: application/json' "
+            f"-d {shlex.quote(body)}")  # fmt: skip
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     """Change (or, with no counts, list) the replicas behind a running orchestrator."""
-    import grpc
-
     from protos import specserve_pb2 as pb
     from protos import specserve_pb2_grpc as pb_grpc
+    from specserve.security import client_channel
 
-    with grpc.insecure_channel(args.address) as channel:
+    with client_channel(args.address, **_client_security(args)) as channel:  # type: ignore[arg-type]
         admin = pb_grpc.AdminStub(channel)
         if args.draft_replicas is None and args.target_replicas is None:
             replica_set = admin.ListReplicas(pb.ListReplicasRequest(), timeout=10).replica_set
@@ -296,14 +382,15 @@ def _bench_load(args: argparse.Namespace) -> int:
         raise ValueError("the load sweep compares speculative modes with target-only: it needs a draft")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     workloads = {category: workload(category, args.num_prompts) for category in args.categories}
-    with ServedStack(config.target, config.draft) as stack:
-        client, rows = stack.clients[True], []
+    modes = tuple(args.modes)
+    with ServedStack(config.target, config.draft, args.confidence_threshold) as stack:
+        clients, rows = stack.load_clients, []
         if args.concurrency:
-            rows += sweep(client, workloads, args.concurrency, args.max_tokens, args.requests_per_client,
-                          temperature=args.temperature)  # fmt: skip
+            rows += sweep(clients, workloads, args.concurrency, args.max_tokens, args.requests_per_client,
+                          temperature=args.temperature, modes=modes)  # fmt: skip
         for category, prompts in workloads.items() if args.request_rate else ():
-            rows += rate_sweep(client, prompts, args.request_rate, args.max_tokens, args.num_requests,
-                               temperature=args.temperature, category=category)  # fmt: skip
+            rows += rate_sweep(clients, prompts, args.request_rate, args.max_tokens, args.num_requests,
+                               temperature=args.temperature, category=category, modes=modes)  # fmt: skip
     if args.json:
         summary = {"date": started, "command": "specserve " + " ".join(sys.argv[1:]), "rows": rows}
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
@@ -332,14 +419,25 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_certs(args: argparse.Namespace) -> int:
+    from specserve.certs import make_certs
+
+    directory = make_certs(args.out, args.host, args.days)
+    print(f"wrote a CA and worker / orchestrator certificates to {directory}; serve with --tls-dir {directory}, "
+          f"call with --tls-ca {directory / 'ca.pem'}")  # fmt: skip
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text for PROMPT ('-' reads stdin)")
     gen.add_argument("prompt")
     gen.add_argument("--address", help="a running orchestrator (HOST:PORT); without it, generate in this process")
+    _add_client_security_flags(gen)
     _add_model_flags(gen)
     _add_request_flags(gen)
 
@@ -349,9 +447,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="start the served stack on a local Ray instance, send one code prompt")
     _add_deploy_flags(demo)
     _add_request_flags(demo)
+    demo.add_argument("--once", action="store_true", help="stop after the requests instead of serving until Ctrl-C")
 
     scale = sub.add_parser("scale", help="change or list the replicas behind a running orchestrator")
     scale.add_argument("--address", required=True, help="the orchestrator, HOST:PORT")
+    _add_client_security_flags(scale)
     scale.add_argument("--draft-replicas", type=int)
     scale.add_argument("--target-replicas", type=int)
     scale.add_argument("--wait", action="store_true", help="return once every wanted replica serves")
@@ -381,6 +481,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--categories", nargs="+", default=["code"], help="with --concurrency: code, chat, summarisation, "
         "translation, 'question answering', maths",
     )  # fmt: skip
+    bench.add_argument(
+        "--modes", nargs="+", default=list(DEFAULT_LOAD_MODES), help="with --concurrency/--request-rate: "
+        "target-only, k=N, adaptive, and k=N+stop / adaptive+stop (the draft ends windows on low confidence)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--confidence-threshold", type=float, default=0.3, help="the draft's early stop in the '+stop' modes"
+    )
+
+    certs = sub.add_parser("certs", help="make a local CA and TLS certificates (for tests, docs, small deployments)")
+    certs.add_argument("--out", required=True, metavar="DIR", help="folder to write (serve --tls-dir DIR reads it)")
+    certs.add_argument("--host", action="append", default=[], help="extra name or IP the servers are reached at")
+    certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
 
     models = sub.add_parser("models", help="list presets; fetch or verify their weights")
     models.add_argument("action", choices=["list", "fetch", "verify"])
@@ -401,12 +513,22 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--idle-ttl-s", type=float, default=300.0)
     parser.add_argument("--max-batch-size", type=int, default=16, help="sessions per forward pass at most")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
+    parser.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate (and --tls-key)")
+    parser.add_argument("--tls-key", metavar="PEM")
+    parser.add_argument("--tls-ca", metavar="PEM", help="mutual TLS: answer only the orchestrator's certificate "
+                        f"({ORCHESTRATOR_NAME}) signed by this CA")  # fmt: skip
     args = parser.parse_args(argv)
-    _configure_logging(verbose=True)
+    _configure_logging(verbose=True, log_format=args.log_format)
     try:
         model = ModelConfig(args.model, args.device, args.dtype, args.trust_remote_code, args.quantization)
+        tls = None
+        if args.tls_cert or args.tls_key or args.tls_ca:
+            mutual = args.tls_ca is not None
+            peers = (ORCHESTRATOR_NAME,) if mutual else ()
+            tls = TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual, peers)
         config = WorkerServiceConfig(
-            model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size
+            model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size, tls
         )
     except ValueError as error:
         print(f"{role}_service: error: {error}", file=sys.stderr)
@@ -423,15 +545,15 @@ async def _serve_until_signalled(serve: Callable[..., Awaitable[None]], config: 
     await serve(config, stop=stop)
 
 
-def _configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def _configure_logging(verbose: bool, log_format: str | None = None) -> None:
+    configure_logging(logging.INFO if verbose else logging.WARNING, log_format)
+    if log_format:  # processes started from here (a local Ray instance's actors) log the same way
+        os.environ[LOG_FORMAT_ENV] = log_format
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _configure_logging(args.verbose or args.command == "serve")  # a server says where it listens
+    _configure_logging(args.verbose or args.command == "serve", args.log_format)  # a server says where it listens
     try:
         if args.command == "generate":
             return cmd_generate(args)
@@ -443,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_scale(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "certs":
+            return cmd_certs(args)
         return cmd_models(args)
     except ValueError as error:  # bad input: say what was wrong, no traceback
         print(f"specserve: error: {error}", file=sys.stderr)

@@ -8,6 +8,7 @@ from specserve.core.loop import StopConditions
 from specserve.core.types import SamplingParams
 from specserve.models.loading import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.security import TLSConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,9 @@ class WorkerServiceConfig:
     """A session unused this long is evicted; its next use gets NOT_FOUND and the orchestrator prefills again."""
     max_batch_size: int = 16
     """Sessions served by one forward pass at most (continuous batching of Verify / Propose calls)."""
+    tls: TLSConfig | None = None
+    """Serve over TLS; with require_client_auth and allowed_peers, only the orchestrator may call. None:
+    plaintext (loopback and trusted networks only)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

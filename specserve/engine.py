@@ -25,7 +25,14 @@ class StreamChunk:
 
 
 class SpeculativeEngine:
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None, num_speculative_tokens: int = 4) -> None:
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None,
+        num_speculative_tokens: int = 4,
+        draft_confidence_threshold: float = 0.0,
+    ) -> None:
+        """`draft_confidence_threshold`: the draft ends a window after a token it gave less probability."""
         if draft is not None:  # refuse before any speculation: mismatched vocabularies fail silently
             if draft.max_context < target.max_context:
                 raise ValueError(
@@ -40,6 +47,7 @@ class SpeculativeEngine:
         self.target_worker = TargetWorker(target)
         self.draft_worker = DraftWorker(draft) if draft is not None else None
         self.num_speculative_tokens = num_speculative_tokens if draft is not None else 0
+        self.draft_confidence_threshold = draft_confidence_threshold
 
     @classmethod
     def from_config(cls, config: EngineConfig, home: Path | None = None) -> SpeculativeEngine:
@@ -61,6 +69,7 @@ class SpeculativeEngine:
         stats = SpeculationStats()
         target_session.prefill()
         if draft_session is not None:
+            draft_session.confidence_threshold = self.draft_confidence_threshold
             draft_session.prefill()
         stats.observe_prefill(len(prompt_token_ids), time.perf_counter() - started)
         decoder = SpeculativeDecoder(

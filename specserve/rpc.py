@@ -19,19 +19,27 @@ from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specserve.logs import RequestIdServerInterceptor
 from specserve.models.tokenizers import TokenizerMismatchError
+from specserve.security import TLSConfig, server_interceptors
 from specserve.sessions import SessionNotFoundError
 
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 << 20  # a round's payload is O(k); anything near this is an error or an attack
+MAX_STATUS_MESSAGE_CHARS = 1000  # error messages may quote the request (a session id, a stop string)
 T = TypeVar("T")
 C = TypeVar("C")
 R = TypeVar("R")
 
 
 class OverloadedError(RuntimeError):
-    """The server is at capacity; the caller should retry later."""
+    """The server is at capacity; the caller should retry later (after `retry_after_s` when given, which
+    the client also gets as the trailing metadata `retry-after-ms`)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class UnavailableError(RuntimeError):
@@ -68,7 +76,12 @@ async def _abort(context: grpc.aio.ServicerContext, error: Exception, method: st
         message = f"an internal service failed: {error.code().name}: {error.details()}"
     else:
         message = str(error) or type(error).__name__
-    await context.abort(code, message)
+    if len(message) > MAX_STATUS_MESSAGE_CHARS:  # it travels as a header: past 8 KiB the caller sees only
+        message = message[: MAX_STATUS_MESSAGE_CHARS - 20] + "... (message cut)"  # RESOURCE_EXHAUSTED
+    trailing: tuple[tuple[str, str], ...] = ()
+    if isinstance(error, OverloadedError) and error.retry_after_s is not None:
+        trailing = (("retry-after-ms", str(max(1, round(1000 * error.retry_after_s)))),)
+    await context.abort(code, message, trailing_metadata=trailing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,8 +270,19 @@ def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str
 class Server:
     """A grpc.aio server with health (NOT_SERVING until `set_serving`) and reflection."""
 
-    def __init__(self, service_names: Sequence[str], max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
-        self.server = grpc.aio.server(options=server_options(max_message_bytes))
+    def __init__(
+        self,
+        service_names: Sequence[str],
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        tls: TLSConfig | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        """tls: serve over TLS (mutual when it requires client certificates); api_key: every call but
+        health must carry it as a bearer token. Both checks run before `interceptors`."""
+        self.tls = tls
+        interceptors = [*server_interceptors(tls, api_key), RequestIdServerInterceptor(), *interceptors]
+        self.server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=interceptors)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)
@@ -268,7 +292,10 @@ class Server:
         self.port = 0
 
     def bind(self, host: str, port: int) -> str:
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.tls is None:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        else:
+            self.port = self.server.add_secure_port(f"{host}:{port}", self.tls.server_credentials())
         if self.port == 0:
             raise OSError(f"could not listen on {host}:{port}")
         return f"{host}:{self.port}"
@@ -319,10 +346,12 @@ async def serve_worker(
     on_listening: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
     evict_every_s: float = 10.0,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    tls: TLSConfig | None = None,
 ) -> None:
     """Listen at once (health NOT_SERVING), load the model, serve until `stop` is set, then drain."""
     service_name = service.full_name
-    server = Server([service_name])
+    server = Server([service_name], interceptors=interceptors, tls=tls)
     add_service(server.server, servicer, service)
     address = server.bind(host, port)
     await server.start()

@@ -10,7 +10,7 @@ from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.core.verify import TARGET_STREAM, greedy_verify, logits_to_probs, make_generator, rejection_sample
 from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
-from specserve.models.sequence import CachedSequence, check_token_ids
+from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids
 from specserve.sessions import SessionNotFoundError, SessionStore
 
 
@@ -29,7 +29,7 @@ class TargetWorker:
         self.sessions: SessionStore[TargetSession] = SessionStore(max_sessions, idle_ttl_s)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> TargetSession:
-        check_token_ids(prompt_token_ids, self.loaded, "prompt_token_ids")
+        check_prompt(prompt_token_ids, self.loaded)
         return TargetSession(self.loaded, prompt_token_ids, seed)
 
     def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None = None) -> None:

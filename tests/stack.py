@@ -9,10 +9,12 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from specserve.config import WorkerServiceConfig
 from specserve.models.loading import ModelConfig
+from specserve.security import TLSConfig
 
 
 class LocalStack:
@@ -23,8 +25,19 @@ class LocalStack:
         k: int = 4,
         pipelined: bool = True,
         num_targets: int = 1,
+        certs: Path | None = None,
+        api_key: str | None = None,
+        orchestrator: dict[str, Any] | None = None,
+        interceptors: dict[str, list[Any]] | None = None,
+        http: bool = False,
     ):
+        """certs: a folder `specserve certs` wrote: TLS everywhere, mutual between orchestrator and workers;
+        api_key: the orchestrator requires it; orchestrator: OrchestratorConfig fields to override;
+        interceptors: gRPC server interceptors per worker name ("target", "target-1", "draft"), to inject faults."""
+        self.orchestrator_overrides, self.interceptors = orchestrator or {}, interceptors or {}
         self.target_name, self.draft_name, self.k, self.pipelined = target, draft, k, pipelined
+        self.certs, self.api_key = certs, api_key
+        self.http, self.http_url = http, ""  # http: serve the OpenAI-compatible API too, at http_url (a free port)
         self.num_targets = num_targets
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="stack-loop", daemon=True)
@@ -75,8 +88,10 @@ class LocalStack:
             from target_service.server import serve
         model = model or (self.draft_name if role == "draft" else self.target_name)
         assert model is not None
-        config = WorkerServiceConfig(ModelConfig(model, device="cpu", dtype="float32"), port=port)
-        return self._start(name or role, serve, config)
+        tls = TLSConfig.from_dir(self.certs, "worker") if self.certs else None
+        config = WorkerServiceConfig(ModelConfig(model, device="cpu", dtype="float32"), port=port, tls=tls)
+        name = name or role
+        return self._start(name, functools.partial(serve, interceptors=self.interceptors.get(name, ())), config)
 
     def stop_worker(self, name: str, timeout: float = 30.0) -> None:
         self.loop.call_soon_threadsafe(self.stops[name].set)
@@ -88,11 +103,20 @@ class LocalStack:
         from orchestrator.service import OrchestratorConfig
 
         k = self.k if self.draft_name else 0
-        config = OrchestratorConfig(num_speculative_tokens=k, pipelined=self.pipelined, port=0)
+        config = OrchestratorConfig(
+            num_speculative_tokens=k,
+            pipelined=self.pipelined,
+            port=0,
+            tls=TLSConfig.from_dir(self.certs, "orchestrator-public") if self.certs else None,
+            worker_tls=TLSConfig.from_dir(self.certs, "orchestrator-client") if self.certs else None,
+            api_key=self.api_key,
+            **({"http_port": 0 if self.http else None} | self.orchestrator_overrides),
+        )
         fleet = StaticFleet(
             {role: [a for name, a in self.addresses.items() if name.startswith(role)] for role in ("target", "draft")}
         )
-        return self._start("orchestrator", functools.partial(serve, fleet=fleet), config)
+        on_http = functools.partial(setattr, self, "http_url")
+        return self._start("orchestrator", functools.partial(serve, fleet=fleet, on_http_listening=on_http), config)
 
     @property
     def address(self) -> str:

@@ -1,6 +1,7 @@
 """PNG plots from the benchmark JSON files: `python -m specserve.bench.plots --out docs/plots`.
 
-speedup-vs-k.png            from `specserve bench --json` (specserve and HF assisted, per k)
+speedup-vs-k.png            from `specserve bench --json` (specserve and HF assisted, per k), plus the served
+                            stack at one client from a `--concurrency 1 --modes k=1 k=2 ...` run
 throughput-vs-concurrency.png  from `specserve bench --concurrency ... --json` (per mode)
 acceptance-by-category.png  from a `--categories` run (acceptance and speedup per category and mode)
 """
@@ -18,8 +19,10 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def speedup_vs_k(bench: dict, out: Path) -> Path:
+def speedup_vs_k(bench: dict, out: Path, k_sweep: dict | None = None) -> Path:
     by_kind: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for row in _served_k_points(k_sweep):
+        by_kind["specserve served, 1 client"].append(row)
     for mode in bench["modes"]:
         if mode["k"] and mode.get("speedup_vs_target") and mode["k"] <= 16:
             by_kind["HF assisted" if mode["mode"].startswith("hf") else "specserve"].append(
@@ -36,6 +39,17 @@ def speedup_vs_k(bench: dict, out: Path) -> Path:
     ax.set(xlabel="k (drafts per round)", ylabel=f"speedup vs {bench['baseline']}", title="Speedup vs k")
     ax.legend()
     return _save(fig, out / "speedup-vs-k.png")
+
+
+def _served_k_points(k_sweep: dict | None) -> list[tuple[int, float]]:
+    """(k, speedup vs the run's target-only) for the fixed-k rows at one client."""
+    rows = [r for r in (k_sweep or {"rows": []})["rows"] if r["concurrency"] == 1 and r["temperature"] == 0]
+    base = {r["category"]: r["tokens_per_second"] for r in rows if r["mode"] == "target-only"}
+    return [
+        (int(r["mode"][2:]), r["tokens_per_second"] / base[r["category"]])
+        for r in rows
+        if r["mode"].startswith("k=") and r["mode"][2:].isdigit() and r["category"] in base
+    ]
 
 
 def throughput_vs_concurrency(load: dict, out: Path) -> Path:
@@ -91,18 +105,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench", default="docs/bench-humaneval.json")
     parser.add_argument("--load", default="docs/bench-load.json")
     parser.add_argument("--categories", default="docs/bench-categories.json")
+    parser.add_argument("--k-sweep", default="docs/bench-k-sweep.json", help="used when it exists")
     parser.add_argument("--out", default="docs/plots")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     written = [
-        speedup_vs_k(json.loads(Path(args.bench).read_text()), out),
+        speedup_vs_k(json.loads(Path(args.bench).read_text()), out, _optional(args.k_sweep)),
         throughput_vs_concurrency(json.loads(Path(args.load).read_text()), out),
         acceptance_by_category(_with_code(args), out),
     ]
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def _optional(path: str) -> dict | None:
+    return json.loads(Path(path).read_text()) if Path(path).exists() else None
 
 
 def _with_code(args: argparse.Namespace) -> dict:

@@ -19,14 +19,20 @@ if TYPE_CHECKING:
     from specserve.bench.runner import BenchConfig, Prompt, Runner, RunOutput
 
 
+PIPELINED, UNPIPELINED, EARLY_STOP = "pipelined", "unpipelined", "early-stop"
+
+
 class ServedStack:
-    def __init__(self, target: ModelConfig, draft: ModelConfig) -> None:
-        self.target, self.draft = target, draft
+    """Orchestrators over the same two workers: pipelined, unpipelined, and pipelined with the draft's
+    early stop at `confidence_threshold` (the load sweep's '+stop' modes)."""
+
+    def __init__(self, target: ModelConfig, draft: ModelConfig, confidence_threshold: float = 0.3) -> None:
+        self.target, self.draft, self.confidence_threshold = target, draft, confidence_threshold
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="served-bench", daemon=True)
         self.exits = ExitStack()
         self.stop: asyncio.Event | None = None
-        self.addresses: dict[bool, str] = {}  # pipelined -> orchestrator address
+        self.addresses: dict[str, str] = {}  # variant -> orchestrator address
         self.tasks: list[asyncio.Future[None]] = []
 
     def __enter__(self) -> ServedStack:
@@ -38,12 +44,17 @@ class ServedStack:
         workers = self.exits.enter_context(worker_processes(self.target, self.draft))
         self.thread.start()
         self.stop = asyncio.run_coroutine_threadsafe(_event(), self.loop).result()
-        for pipelined in (True, False):
-            port = free_port()
-            config = OrchestratorConfig(4, pipelined, port=port)
+        variants = {
+            PIPELINED: OrchestratorConfig(port=free_port(), http_port=None),
+            UNPIPELINED: OrchestratorConfig(pipelined=False, port=free_port(), http_port=None),
+            EARLY_STOP: OrchestratorConfig(
+                draft_confidence_threshold=self.confidence_threshold, port=free_port(), http_port=None
+            ),
+        }
+        for variant, config in variants.items():
             fleet = StaticFleet({role: [workers[role]] for role in ("target", "draft")})
             self.tasks.append(asyncio.run_coroutine_threadsafe(serve(config, fleet, stop=self.stop), self.loop))
-            self.addresses[pipelined] = f"127.0.0.1:{port}"
+            self.addresses[variant] = f"127.0.0.1:{config.port}"
         self.clients = {p: SpecServeClient(a) for p, a in self.addresses.items()}
         for client in self.clients.values():  # the orchestrators listen once both workers have loaded
             _wait_for(client, self.tasks)
@@ -64,7 +75,12 @@ class ServedStack:
         self.exits.close()
 
     def runner(self, k: int, pipelined: bool, cfg: BenchConfig) -> Runner:
-        return client_runner(self.clients[pipelined], k, cfg)
+        return client_runner(self.clients[PIPELINED if pipelined else UNPIPELINED], k, cfg)
+
+    @property
+    def load_clients(self) -> dict[bool, SpecServeClient]:
+        """For the load sweep: early_stop -> client."""
+        return {False: self.clients[PIPELINED], True: self.clients[EARLY_STOP]}
 
 
 def client_runner(client: SpecServeClient, k: int, cfg: BenchConfig) -> Runner:

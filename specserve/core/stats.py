@@ -30,6 +30,7 @@ class SpeculationStats:
     total_s: float = 0.0
     time_to_first_token_s: float = 0.0
     transport_s: float = 0.0  # served stack: waiting on internal calls beyond the workers' compute
+    draft_hidden_s: float = 0.0  # draft compute overlapped with verification whose window was used
 
     def observe_prefill(self, num_prompt_tokens: int, seconds: float) -> None:
         self.num_prompt_tokens = num_prompt_tokens
@@ -77,7 +78,7 @@ class SpeculationStats:
     def tokens_per_second(self) -> float:
         return self.num_generated / self.total_s if self.total_s > 0 else 0.0
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, Any]:
         """The public figures, named as in the API (GenerationStats in protos/specserve.proto)."""
         return {
             "proposed": self.num_proposed,
@@ -94,6 +95,9 @@ class SpeculationStats:
             "target_ms": self.target_s * 1000,
             "total_ms": self.total_s * 1000,
             "transport_ms": self.transport_s * 1000,
+            "proposed_at_position": list(self.proposed_at_position),
+            "accepted_at_position": list(self.accepted_at_position),
+            "draft_hidden_ms": self.draft_hidden_s * 1000,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,6 +7,8 @@ from typing import Protocol
 
 import torch
 
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4  # beyond them float32 logits overflow (x / t) or t itself does
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -18,8 +20,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0 and self.temperature == self.temperature):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):
+            low, high = MIN_TEMPERATURE, MAX_TEMPERATURE
+            raise ValueError(f"temperature must be >= 0: 0 (greedy) or in [{low}, {high}], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

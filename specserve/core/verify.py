@@ -68,6 +68,7 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Ten
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         # drop a token when the tokens ranked above it already reach top_p; the first always stays
         drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= sampling.top_p
+        drop_sorted[..., 0] = False  # also when top_p is below float32's smallest number
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)
@@ -107,7 +108,10 @@ def make_generator(seed: int | None, stream: int) -> torch.Generator:
     if seed is None:
         generator.seed()
     else:
-        generator.manual_seed(2 * seed + stream)
+        value = 2 * seed + stream
+        if not -(1 << 63) <= value < 1 << 64:  # what torch accepts; only seeds beyond +-2**62 wrap around
+            value %= 1 << 64
+        generator.manual_seed(value)
     return generator
 
 

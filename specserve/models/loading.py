@@ -228,7 +228,7 @@ def ensure_converted(preset: Preset, home: Path, progress: bool = True) -> Path:
     manifest = {
         "source": spec.filename,
         "source_sha256": spec.sha256,
-        "files": {WEIGHTS: {"size": (staging / WEIGHTS).stat().st_size, "sha256": sha256_file(staging / WEIGHTS)}},
+        "files": {WEIGHTS: {"sha256": sha256_file(staging / WEIGHTS), **_stamp(staging / WEIGHTS)}},
         "convert_s": round(time.perf_counter() - started, 1),
     }
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -238,18 +238,44 @@ def ensure_converted(preset: Preset, home: Path, progress: bool = True) -> Path:
     return directory
 
 
+def _stamp(path: Path) -> dict[str, int]:
+    """What identifies the file's content as last hashed: any write changes its ctime, which no one can set."""
+    stat = path.stat()
+    return {"size": stat.st_size, "inode": stat.st_ino, "ctime_ns": stat.st_ctime_ns}
+
+
 def _manifest_ok(directory: Path, spec: SplitGGUF) -> bool:
+    """True when the converted files are those the manifest recorded: sha256-verified before every load,
+    re-hashed only when a file changed since it was last hashed (a 1.5B model hashes in ~10 s here)."""
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
     if manifest.get("source_sha256") != spec.sha256:
         return False
+    rehashed = False
     for name, entry in manifest["files"].items():
         path = directory / name
         if not path.is_file() or path.stat().st_size != entry["size"]:
             logger.warning("%s is missing or truncated; converting again", path)
             return False
+        stamp = _stamp(path)
+        if all(entry.get(key) == value for key, value in stamp.items()):
+            continue
+        digest = sha256_file(path)
+        if digest != entry["sha256"]:
+            logger.warning("%s has sha256 %s, not the recorded %s; refusing it, converting again", path, digest,
+                           entry["sha256"])  # fmt: skip
+            return False
+        entry.update(stamp)
+        rehashed = True
+    if rehashed:
+        staged = directory / (MANIFEST + ".tmp")
+        try:
+            staged.write_text(json.dumps(manifest, indent=2))
+            os.replace(staged, directory / MANIFEST)
+        except OSError:  # a read-only cache (an image layer): verified now, hashed again next time
+            logger.info("cannot record the verification in %s; the next load hashes again", directory)
     return True
 
 

@@ -15,6 +15,14 @@ def check_token_ids(token_ids: list[int], loaded: LoadedModel, field: str) -> No
         raise ValueError(f"{field}: token ids must be in [0, {loaded.vocab_size}), got {bad[:5]}")
 
 
+def check_prompt(token_ids: list[int], loaded: LoadedModel) -> None:
+    """Raise ValueError unless the prompt has 1..max_context ids, all in the vocabulary. Checked before any
+    pass: a pass over a prompt far past the context would hold the model for minutes."""
+    if not 1 <= len(token_ids) <= loaded.max_context:
+        raise ValueError(f"prompt_token_ids: a prompt has 1 to {loaded.max_context} tokens, got {len(token_ids)}")
+    check_token_ids(token_ids, loaded, "prompt_token_ids")
+
+
 class CachedSequence:
     """Tokens 0..num_cached-1 are in the KV cache; the rest are pending until the next feed()."""
 

@@ -81,7 +81,7 @@ class LoopbackCluster:
         """`specserve serve` joined to this cluster, as a user would run it on the head node."""
         log = open(Path(self.temp_dir) / "specserve.log", "wb")  # noqa: SIM115
         command = [sys.executable, "-m", "specserve.cli", "-v", "serve", "--config", str(config_path),
-                   "--address", self.address, "--port", str(port)]  # fmt: skip
+                   "--address", self.address, "--port", str(port), "--http-port", "0"]  # fmt: skip
         process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.processes.append(process)
         return process

@@ -3,8 +3,10 @@ every output equal to target-only's or departing from it only at a near-tie."""
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.client import SpecServeClient
-from specserve.bench.load import rate_sweep, run_load, sweep
+from specserve.bench.load import Mode, parse_mode, rate_sweep, run_load, sweep
 from specserve.config import GenerationRequest
 from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
@@ -17,7 +19,7 @@ PROMPTS = [("def add(a, b):", False), ("import os\n", False), ("class Tree:", Fa
 def test_concurrent_batched_requests_match_target_only(engine: SpeculativeEngine, tiny_target: LoadedModel) -> None:
     with LocalStack() as stack, SpecServeClient(stack.address) as client:
         for mode in ("k=4", "adaptive"):
-            run = run_load(client, mode, concurrency=4, prompts=PROMPTS, max_tokens=48, requests_per_client=2)
+            run = run_load({False: client}, mode, concurrency=4, prompts=PROMPTS, max_tokens=48, requests_per_client=2)
             assert not run.errors and len(run.outputs) == 8
             assert run.proposed > 0
             for (index, j), output in run.outputs.items():
@@ -30,18 +32,45 @@ def test_concurrent_batched_requests_match_target_only(engine: SpeculativeEngine
 def test_the_sweep_reports_every_mode_at_every_concurrency() -> None:
     with LocalStack() as stack, SpecServeClient(stack.address) as client:
         workloads = {"code": PROMPTS, "chat": [("Say hello", True)]}
-        rows = sweep(client, workloads, [1, 2], max_tokens=16, requests_per_client=1, log=False)
+        rows = sweep({False: client}, workloads, [1, 2], max_tokens=16, requests_per_client=1, log=False)
     assert [(r["category"], r["concurrency"], r["mode"]) for r in rows] == [
         (w, c, m) for w in ("code", "chat") for c in (1, 2) for m in ("target-only", "k=4", "adaptive")
     ]
     assert all(r["errors"] == 0 and r["requests"] == r["concurrency"] and r["tokens_per_second"] > 0 for r in rows)
     assert rows[0]["acceptance_rate"] is None and rows[1]["acceptance_rate"] is not None
     assert all(r["identical_to_target_only"] == r["requests"] for r in rows if r["mode"] == "target-only")
+    for row in rows:
+        speculative = row["mode"] != "target-only"
+        assert (row["efficiency"] == pytest.approx(1.0)) != speculative  # target-only is its own bound
+        assert (len(row["acceptance_at_position"]) > 0) == (row["mean_k"] > 0)
+        assert row["mean_acceptance_length"] >= 1.0
+
+
+def test_a_k_sweep_with_the_early_stop_modes_runs_target_only_first() -> None:
+    overrides = {"draft_confidence_threshold": 0.05}
+    with LocalStack() as plain, LocalStack(orchestrator=overrides) as stopping:
+        with SpecServeClient(plain.address) as client, SpecServeClient(stopping.address) as stop_client:
+            modes = ("k=2", "k=6", "k=6+stop")
+            rows = sweep({False: client, True: stop_client}, {"code": PROMPTS}, [1], 24, 2, log=False, modes=modes)
+    assert [r["mode"] for r in rows] == ["target-only", "k=2", "k=6", "k=6+stop"]
+    assert all(r["errors"] == 0 and r["identical_to_target_only"] == 2 for r in rows)
+    by_mode = {r["mode"]: r for r in rows}
+    assert by_mode["k=2"]["mean_k"] <= 2 and len(by_mode["k=6"]["acceptance_at_position"]) == 6
+    assert by_mode["k=6+stop"]["mean_k"] < by_mode["k=6"]["mean_k"]
+
+
+def test_mode_names() -> None:
+    assert parse_mode("target-only") == Mode("target-only", 0)
+    assert parse_mode("k=6") == Mode("k=6", 6)
+    assert parse_mode("adaptive+stop") == Mode("adaptive+stop", None, early_stop=True)
+    for bad in ("k=0", "k=x", "fast", "target-only+stop"):
+        with pytest.raises(ValueError, match="unknown mode"):
+            parse_mode(bad)
 
 
 def test_open_loop_arrivals_at_a_request_rate() -> None:
     with LocalStack() as stack, SpecServeClient(stack.address) as client:
-        rows = rate_sweep(client, PROMPTS, [20.0], max_tokens=16, num_requests=6, log=False)
+        rows = rate_sweep({False: client}, PROMPTS, [20.0], max_tokens=16, num_requests=6, log=False)
     assert [r["mode"] for r in rows] == ["target-only", "k=4", "adaptive"]
     assert all(r["request_rate"] == 20.0 and r["requests"] == 6 and r["errors"] == 0 for r in rows)
     assert rows[0]["identical_to_target_only"] == 6

@@ -69,6 +69,31 @@ def test_speculative_sampling_matches_the_target_joint(
     assert tv < bound, f"TV {tv:.4f} of {NUM_RUNS} speculative samples to the target's joint exceeds {bound:.4f}"
 
 
+def _draft_counts(engine: SpeculativeEngine, num_runs: int = 50) -> tuple[int, int]:
+    """Drafts proposed over `num_runs` seeded requests, and how many of them sat at window position 2."""
+    proposed = second = 0
+    for seed in range(num_runs):
+        sampling = SamplingParams(temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, seed=seed)
+        request = GenerationRequest(prompt=PROMPT, max_tokens=NUM_TOKENS, sampling=sampling, num_speculative_tokens=K)
+        stats = engine.generate(request).stats
+        proposed += stats.num_proposed
+        second += sum(stats.proposed_at_position[1:2])
+    return proposed, second
+
+
+def test_ending_windows_on_low_draft_confidence_keeps_the_target_joint(
+    tiny_target: LoadedModel, tiny_draft: LoadedModel, exact_joint: dict[tuple[int, ...], float]
+) -> None:
+    # the tiny draft's top-3 probabilities straddle 0.4: some windows end after one draft, some run to k
+    engine = SpeculativeEngine(tiny_target, tiny_draft, draft_confidence_threshold=0.4)
+    with_stop, without_stop = _draft_counts(engine), _draft_counts(SpeculativeEngine(tiny_target, tiny_draft))
+    assert with_stop[0] < 0.9 * without_stop[0] and with_stop[1] > 0  # the stop acts, and not on every window
+    counts = sampled_joint(engine, NUM_RUNS, K)
+    tv = tv_distance(normalize(counts), exact_joint)
+    bound = tv_bound(exact_joint, NUM_RUNS)
+    assert tv < bound, f"TV {tv:.4f} of {NUM_RUNS} speculative samples to the target's joint exceeds {bound:.4f}"
+
+
 @pytest.mark.parametrize("biased", [always_accept, resample_target_on_rejection])
 def test_the_check_has_power_against_a_biased_sampler(
     engine: SpeculativeEngine,

@@ -1,27 +1,54 @@
-"""The adaptive speculation policy: k follows acceptance and costs, and drops to 0 when no k beats
-target-only (the rule: never slower than target-only by the measured costs)."""
+"""The adaptive speculation policy: per replica, the k with the most expected tokens per second from pooled
+acceptance and round times measured at about this batch size, re-measuring neighbouring choices (and
+target-only) now and then."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from specserve.core.adaptive import AdaptiveK, PassCost, SharedAdaptiveK, expected_tokens
+from specserve.core.adaptive import AdaptiveK, RoundTime, batch_bucket, expected_tokens
+
+ACCEPTANCE = 0.8
 
 
-def _cost(seconds_at: dict[int, float]) -> PassCost:
-    cost = PassCost()
-    for _ in range(5):
-        for tokens, seconds in seconds_at.items():
-            cost.observe(tokens, seconds)
-    return cost
+def _run(
+    policy: AdaptiveK,
+    seconds_at: dict[int, float],
+    batch_size: int,
+    duration_s: float,
+    start: float = 0.0,
+    acceptance: float = ACCEPTANCE,
+) -> list[int]:
+    """Drive the policy for `duration_s` of simulated time: a round at k takes seconds_at[k] and accepts each
+    draft with probability `acceptance` until the first rejection; one observation per session of the batch.
+    Returns the k of every round."""
+    rng = random.Random(0)
+    now, ks = start, []
+    while now < start + duration_s:
+        k = policy.choose(batch_size, now)
+        now += seconds_at[k]
+        for _ in range(batch_size):
+            num_accepted = next((i for i in range(k) if rng.random() >= acceptance), k)
+            policy.observe(batch_size, k, num_accepted, seconds_at[k], now)
+        ks.append(k)
+    return ks
 
 
-def _policy(acceptance: float, draft_step_s: float, max_k: int = 8) -> AdaptiveK:
-    """A policy that has seen many rounds at this per-token acceptance and draft step cost."""
-    policy = AdaptiveK(max_k, prior_weight=0.0)
-    policy.observe(4, 4, draft_step_s * 4)  # sets the draft cost
-    policy.num_accepted, policy.num_rejected = 100 * acceptance, 100 * (1 - acceptance)
-    return policy
+def _rate(seconds_at: dict[int, float], k: int, acceptance: float = ACCEPTANCE) -> float:
+    return expected_tokens(acceptance, k) / seconds_at[k]
+
+
+def _share(ks: list[int], wanted: set[int]) -> float:
+    late = ks[len(ks) // 3 :]  # after the first measurements
+    return sum(k in wanted for k in late) / len(late)
+
+
+# one client on a memory-bound target: a pass costs about the same for 1 or 9 tokens, a draft step 0.06 s
+LIGHT = {k: 0.25 + 0.01 * k + 0.06 * k for k in range(9)}
+# many clients: every draft token costs the batch's pass a lot
+HEAVY = {k: 0.5 + 0.6 * k for k in range(9)}
 
 
 def test_expected_tokens() -> None:
@@ -30,46 +57,77 @@ def test_expected_tokens() -> None:
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
 
 
-def test_pass_cost_fits_a_line() -> None:
-    cost = _cost({1: 0.2, 9: 0.2 + 8 * 0.01, 33: 0.2 + 32 * 0.01})
-    assert cost.seconds(17) == pytest.approx(0.2 + 16 * 0.01, rel=1e-3)
-    assert PassCost().seconds(5) is None
+def test_round_time_is_a_weighted_mean_of_recent_rounds() -> None:
+    round_time = RoundTime()
+    for _ in range(50):
+        round_time.observe(1.0, now=1.0)
+    for _ in range(50):
+        round_time.observe(2.0, now=2.0)  # the past fades
+    assert round_time.seconds == pytest.approx(2.0, rel=1e-2)
+    assert round_time.updated_at == 2.0
+
+
+def test_batch_buckets_group_nearby_sizes() -> None:
+    assert [batch_bucket(b) for b in (1, 2, 3, 4)] == [0, 2, 3, 4]
+    assert batch_bucket(7) == batch_bucket(8) == batch_bucket(9) != batch_bucket(16)
 
 
 def test_nothing_measured_yet_starts_at_the_initial_k() -> None:
-    assert AdaptiveK(6).choose(PassCost(), 1) == 4
-    assert AdaptiveK(2).choose(PassCost(), 1) == 2
+    assert AdaptiveK(6).choose(1, now=0.0) == 4
+    assert AdaptiveK(2).choose(1, now=0.0) == 2
 
 
-def test_high_acceptance_and_a_cheap_draft_speculate_deeply() -> None:
-    flat = _cost({1: 0.2, 40: 0.21})  # a memory-bound pass: tokens are nearly free
-    assert _policy(0.95, draft_step_s=0.01).choose(flat, 1) >= 6
+def test_acceptance_is_accepted_over_accepted_plus_rejections() -> None:
+    policy = AdaptiveK(8, prior_weight=0.0)
+    policy.observe(1, 4, 4, 0.5, now=0.0)  # all four accepted: no rejection
+    policy.observe(1, 4, 1, 0.5, now=0.0)  # one accepted, then a rejection
+    policy.observe(1, 0, 0, 0.3, now=0.0)  # target-only: nothing to accept
+    assert policy.acceptance == pytest.approx(5 / 6, rel=0.02)
 
 
-def test_low_acceptance_or_a_costly_draft_backs_off() -> None:
-    flat = _cost({1: 0.2, 40: 0.21})
-    assert _policy(0.95, draft_step_s=0.01).choose(flat, 1) > _policy(0.3, draft_step_s=0.01).choose(flat, 1)
-    assert _policy(0.2, draft_step_s=0.2).choose(flat, 1) == 0  # each draft step costs a target pass
+def test_it_settles_on_the_fastest_k_and_rarely_leaves_it() -> None:
+    best = max(range(9), key=lambda k: _rate(LIGHT, k))
+    near_best = {k for k in range(9) if _rate(LIGHT, k) >= 0.97 * _rate(LIGHT, best)}
+    assert 0 not in near_best and len(near_best) < 5
+    ks = _run(AdaptiveK(8), LIGHT, batch_size=1, duration_s=300)
+    assert _share(ks, near_best) > 0.8
+    assert _share(ks, {0}) < 0.03  # target-only is re-measured, rarely: it is far slower
 
 
-def test_a_large_batch_makes_speculation_back_off_and_switch_off() -> None:
-    compute_bound = _cost({1: 0.2, 8: 0.21, 64: 1.2})  # flat at first, then every token costs
-    policy = _policy(0.7, draft_step_s=0.02)
-    ks = [policy.choose(compute_bound, batch) for batch in (1, 8, 32)]
-    assert ks[0] > ks[1] > ks[2] and ks[2] == 0
+def test_it_switches_speculation_off_when_target_only_is_faster() -> None:
+    assert max(range(9), key=lambda k: _rate(HEAVY, k)) == 0
+    ks = _run(AdaptiveK(8), HEAVY, batch_size=16, duration_s=600)
+    assert _share(ks, {0}) > 0.85
+    assert set(ks[len(ks) // 3 :]) <= {0, 1}  # k = 1 is still tried now and then
 
 
-def test_switched_off_it_still_probes_to_keep_measuring() -> None:
-    policy = _policy(0.1, draft_step_s=0.2)
-    flat = _cost({1: 0.2, 40: 0.21})
-    ks = [policy.choose(flat, 1) for _ in range(16)]
-    assert ks.count(1) == 2 and set(ks) == {0, 1}
+def test_it_follows_the_load_from_deep_speculation_to_none_and_back() -> None:
+    policy = AdaptiveK(8)
+    _run(policy, LIGHT, batch_size=1, duration_s=120)
+    heavy = _run(policy, HEAVY, batch_size=16, duration_s=600, start=120)
+    assert _share(heavy, {0}) > 0.85
+    light = _run(policy, LIGHT, batch_size=1, duration_s=120, start=720)  # the one-client figures were kept
+    assert _share(light, {0}) < 0.1
 
 
-def test_a_replica_decides_one_k_for_all_its_sessions_per_period() -> None:
-    flat = _cost({1: 0.2, 40: 0.21})
-    shared = SharedAdaptiveK(_policy(0.95, draft_step_s=0.01), period_s=1.0)
-    first = shared.choose(flat, 1, now=10.0)
-    shared.policy.num_accepted, shared.policy.num_rejected = 5.0, 95.0  # acceptance collapses...
-    assert shared.choose(flat, 1, now=10.5) == first  # ...but the period has not passed
-    assert shared.choose(flat, 1, now=11.0) < first
+def test_low_acceptance_switches_speculation_off() -> None:
+    ks = _run(AdaptiveK(8), LIGHT, batch_size=1, duration_s=300, acceptance=0.05)
+    assert _share(ks, {0}) > 0.8
+
+
+def test_a_replica_decides_once_per_period() -> None:
+    policy = AdaptiveK(8, period_s=1.0)
+    first = policy.choose(1, now=10.0)
+    for _ in range(10):
+        policy.observe(1, first, 0, 1.0, now=10.2)
+    assert policy.choose(1, now=10.5) == first  # the period has not passed
+    assert policy.choose(1, now=11.0) != first  # a neighbour or target-only is measured next
+
+
+def test_an_unmeasured_batch_size_borrows_the_nearest_round_times() -> None:
+    policy = AdaptiveK(8, prior_weight=0.0)
+    for k, seconds in {0: 1.0, 1: 1.2, 2: 1.4}.items():
+        for _ in range(5):
+            policy.observe(2, k, k, seconds, now=0.0)  # every draft accepted
+    assert policy.estimate(batch_bucket(3), 2) == pytest.approx(3 / 1.4)
+    assert policy.estimate(batch_bucket(3), 5) is None

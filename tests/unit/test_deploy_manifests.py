@@ -150,11 +150,13 @@ def test_service_reaches_the_orchestrator(config: DeployConfig, k8s: Manifest) -
     service, head = k8s["Service"]["spec"], cluster_spec(k8s)["headGroupSpec"]["template"]
     assert service["type"] == "ClusterIP", "the API is plaintext and unauthenticated: keep it inside the cluster"
     assert config.orchestrator.host == "0.0.0.0", "the orchestrator must listen beyond the head pod's loopback"
-    (port,) = service["ports"]
-    assert port["port"] == config.orchestrator.port
-    target = port.get("targetPort", port["port"])
-    (grpc,) = [p for p in container(head)["ports"] if target in (p["containerPort"], p.get("name"))]
-    assert grpc["containerPort"] == config.orchestrator.port
+    ports = {p["name"]: p for p in service["ports"]}
+    assert set(ports) == {"grpc", "http"}
+    for name, wanted in (("grpc", config.orchestrator.port), ("http", config.orchestrator.http_port)):
+        assert ports[name]["port"] == wanted, name
+        target = ports[name].get("targetPort", wanted)
+        (served,) = [p for p in container(head)["ports"] if target in (p["containerPort"], p.get("name"))]
+        assert served["containerPort"] == wanted, name
     assert service["selector"].items() <= head["metadata"]["labels"].items()
 
 
@@ -196,7 +198,7 @@ def test_dockerfile_installs_the_project(dockerfile: Path, config: DeployConfig,
     assert RAY_PIN.endswith("==" + cluster_spec(k8s)["rayVersion"])
     assert all(pin.split("==")[1] == RAY_PIN.split("==")[1] for pin in ray_pins), "pyproject pins another Ray"
     assert any(f'pip install "{torch_pin}"' in run for run in runs)
-    assert f"EXPOSE {config.orchestrator.port}" in lines
+    assert f"EXPOSE {config.orchestrator.port} {config.orchestrator.http_port}" in lines
     assert any("apt-get install" in run and " wget " in run for run in runs), "KubeRay's probes run wget"
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")

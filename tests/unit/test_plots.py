@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specserve.bench.plots import main
+from specserve.bench.plots import _served_k_points, main
 
 
 def _row(category: str, mode: str, concurrency: int, tok_s: float, acceptance: float | None) -> dict:
@@ -24,12 +24,15 @@ def test_every_plot_is_a_png(tmp_path: Path) -> None:
                      for c in (1, 2) for m in ("target-only", "k=4", "adaptive")]}  # fmt: skip
     categories = {"rows": [_row("chat", m, 1, 3.0, None if m == "target-only" else 0.5)
                            for m in ("target-only", "k=4", "adaptive")]}  # fmt: skip
+    sweep = (("target-only", 3.0), ("k=2", 5.4), ("k=8", 4.5), ("adaptive", 6.0))
+    k_sweep = {"rows": [{**_row("code", m, 1, tok_s, 0.8), "temperature": 0.0} for m, tok_s in sweep]}
+    assert _served_k_points(k_sweep) == [(2, 1.8), (8, 1.5)]
     paths = {}
-    for name, data in (("bench", bench), ("load", load), ("categories", categories)):
+    for name, data in (("bench", bench), ("load", load), ("categories", categories), ("k-sweep", k_sweep)):
         paths[name] = tmp_path / f"{name}.json"
         paths[name].write_text(json.dumps(data))
     out = tmp_path / "plots"
-    args = ["--bench", str(paths["bench"]), "--load", str(paths["load"]), "--categories", str(paths["categories"])]
+    args = [arg for name, path in paths.items() for arg in (f"--{name}", str(path))]
     assert main([*args, "--out", str(out)]) == 0
     names = sorted(p.name for p in out.iterdir())
     assert names == ["acceptance-by-category.png", "speedup-vs-k.png", "throughput-vs-concurrency.png"]
