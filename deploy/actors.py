@@ -68,10 +68,9 @@ class WorkerActor:
     def _run(self) -> None:
         import torch
 
-        if self.cpu_threads is not None:
-            torch.set_num_threads(self.cpu_threads)
-        elif torch.get_num_threads() < (os.cpu_count() or 1):  # Ray caps OMP_NUM_THREADS at num_cpus
-            torch.set_num_threads(os.cpu_count() or 1)
+        from specserve.models.loading import cpu_threads
+
+        torch.set_num_threads(cpu_threads(self.role, self.cpu_threads))  # Ray caps OMP_NUM_THREADS at num_cpus
         config = replace(self.config, host=_listen_host(self.config.host))
         try:
             asyncio.run(self._serve(config))

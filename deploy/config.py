@@ -47,8 +47,8 @@ class RoleConfig:
     max_batch_size: int = 16
     """Sessions one forward pass of a replica serves at most (continuous batching)."""
     cpu_threads: int | None = None
-    """Torch threads for CPU inference; None uses every core of the node (Ray would otherwise cap
-    OMP_NUM_THREADS at num_cpus)."""
+    """Torch threads for CPU inference; None: every core of the node for a target, a quarter for a draft
+    (specserve.models.loading.cpu_threads; Ray would otherwise cap OMP_NUM_THREADS at num_cpus)."""
 
     def __post_init__(self) -> None:
         if self.replicas < 0:

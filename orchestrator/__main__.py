@@ -13,6 +13,7 @@ import sys
 from orchestrator.replicas import StaticFleet
 from orchestrator.server import serve
 from orchestrator.service import OrchestratorConfig
+from specserve.logs import configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls-dir", metavar="DIR", help="certificates from `specserve certs`: TLS for the API, "
                         "mutual TLS to the workers (start them with --tls-cert/--tls-key/--tls-ca)")  # fmt: skip
     parser.add_argument("--api-key-file", metavar="FILE", help="bearer token the API requires (or SPECSERVE_API_KEY)")
+    parser.add_argument("--http-port", type=int, help="OpenAI-compatible HTTP API and /metrics (default 8000; 0 "
+                        "picks a free port)")  # fmt: skip
+    parser.add_argument("--no-http", action="store_true", help="serve gRPC only")
     for field in dataclasses.fields(OrchestratorConfig):  # one flag per plain config field
         kind = {"int": int, "float": float, "str": str, "bool": _boolean}.get(str(field.type))
         if kind is not None:
@@ -59,11 +63,13 @@ async def _serve(config: OrchestratorConfig, fleet: StaticFleet, ready_timeout_s
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)  # request ids on every line; JSON when SPECSERVE_LOG_FORMAT=json
     fields = {f.name for f in dataclasses.fields(OrchestratorConfig)}
     try:
         config = OrchestratorConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
         config = _secured(config, args.tls_dir, args.api_key_file)
+        if args.no_http:
+            config = dataclasses.replace(config, http_port=None)
     except ValueError as error:
         print(f"orchestrator: error: {error}", file=sys.stderr)
         return 2

@@ -114,7 +114,9 @@ class RemoteRequest:
         self._num_prefills = 0
         self._draft_lost_at = 0.0
         self._draft_length = 0  # context tokens the draft knows (its last proposal included)
-        self._commit: tuple[int, list[int]] = (len(plan.prompt_token_ids), [])  # for the draft's next propose
+        # leading context tokens the draft holds that match the request's: its next propose keeps those and
+        # is sent the rest (rejected drafts dropped; tokens of target-only rounds included)
+        self._draft_valid = len(plan.prompt_token_ids)
         self._predraft: asyncio.Task[tuple[Proposal, PassReport] | None] | None = None
 
     @property
@@ -213,7 +215,7 @@ class RemoteRequest:
                 if not self._draft_ready:
                     context = self.context
                     await client.prefill(self.session_id, context, self._seed())
-                    self._draft_ready, self._draft_length, self._commit = True, len(context), (len(context), [])
+                    self._draft_ready, self._draft_length, self._draft_valid = True, len(context), len(context)
                 return await call(client)
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
@@ -265,8 +267,8 @@ class RemoteRequest:
             verdict = await self._verify(proposal)
             t2 = time.perf_counter()
             ready = await self._settle_predraft(predraft, proposal, verdict)
-            if ready is None:  # the draft's next propose first drops rejected drafts, appends the new token
-                self._commit = (context_length + verdict.num_accepted, verdict.token_ids[-1:])
+            if ready is None and proposal.token_ids:  # the draft held the context; its accepted drafts match
+                self._draft_valid = context_length + verdict.num_accepted
             if self.plan.adaptive and self.target is not None:  # the whole round, waits and overlap included
                 now = time.perf_counter()
                 self.target.adaptive_k(self.plan.k).observe(
@@ -293,8 +295,8 @@ class RemoteRequest:
         started = time.perf_counter()
 
         async def propose(client: DraftClient) -> tuple[Proposal, float]:
-            num_kept, new_token_ids = self._commit
-            num_kept = min(num_kept, self._draft_length)
+            num_kept = min(self._draft_valid, self._draft_length)
+            new_token_ids = self.context[num_kept:]
             try:
                 result = await client.propose(
                     self.session_id, num_kept, new_token_ids, k, self.plan.sampling, self.plan.vocab_size,

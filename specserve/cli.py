@@ -24,7 +24,7 @@ from specserve.bench.load import DEFAULT_MODES as DEFAULT_LOAD_MODES
 from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
 from specserve.core.types import SamplingParams
 from specserve.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
-from specserve.models.loading import DTYPES, QUANTIZATIONS, ModelConfig
+from specserve.models.loading import DTYPES, QUANTIZATIONS, ModelConfig, cpu_threads
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from specserve.security import API_KEY_ENV, ORCHESTRATOR_NAME, TLSConfig
 
@@ -513,6 +513,8 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--idle-ttl-s", type=float, default=300.0)
     parser.add_argument("--max-batch-size", type=int, default=16, help="sessions per forward pass at most")
+    parser.add_argument("--cpu-threads", type=int, help="torch threads on CPU (default: OMP_NUM_THREADS if set, "
+                        "else all cores for a target, a quarter for a draft)")  # fmt: skip
     parser.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
     parser.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate (and --tls-key)")
     parser.add_argument("--tls-key", metavar="PEM")
@@ -530,9 +532,15 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
         config = WorkerServiceConfig(
             model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size, tls
         )
+        if args.cpu_threads is not None and args.cpu_threads < 1:
+            raise ValueError(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
     except ValueError as error:
         print(f"{role}_service: error: {error}", file=sys.stderr)
         return 2
+    if args.cpu_threads is not None or "OMP_NUM_THREADS" not in os.environ:  # else torch already follows it
+        import torch
+
+        torch.set_num_threads(cpu_threads(role, args.cpu_threads))
     asyncio.run(_serve_until_signalled(serve, config))
     return 0
 

@@ -2,11 +2,14 @@
 tokens per second per session at about the current batch size, re-measuring the nearby choices (k - 1,
 k + 1 and target-only, k = 0) now and then, so that k follows load and acceptance.
 
-A round at k emits E(k) = (1 - a^(k+1)) / (1 - a) tokens on average at per-token acceptance a (the
-recovered/bonus token included); a is pooled over all rounds, so it settles fast. A round's seconds are
-measured per (batch size, k), not modelled: a cost model has to guess how draft and target share the
-hardware (two processes on the same cores, pre-drafting overlapped with verification, batching waits),
-and its errors made speculation look too dear at 8 clients here (0.96x target-only where k = 4 gave 1.10x).
+A round at k emits E(k) = sum over j = 0..k of a_0 a_1 ... a_(j-1) tokens on average (the recovered/bonus
+token included), a_i being the acceptance of the draft at window position i given that those before it
+were accepted. Per position, because acceptance comes in runs (in code, a window whose first drafts are
+right tends to be right to the end): one per-token rate would undervalue deep windows. The a_i are pooled
+over all rounds, so they settle fast. A round's seconds are measured per (batch size, k), not modelled: a
+cost model has to guess how draft and target share the hardware (two processes on the same cores,
+pre-drafting overlapped with verification, batching waits), and its errors made speculation look too dear
+at 8 clients here (0.96x target-only where k = 4 gave 1.10x).
 """
 
 from __future__ import annotations
@@ -49,37 +52,69 @@ class AdaptiveK:
     initial_k: int = 4
     """k until rounds have been measured."""
     period_s: float = 1.0
+    """Decisions come at most this often (and after a change, only once two rounds ran at the new k)."""
     refresh_s: float = 15.0
     """A neighbouring choice is measured again when its figure is older than this (four times longer when
     it was more than a quarter slower: exploring a bad choice costs more)."""
-    min_weight: float = 2.0
-    """Rounds (decayed) before a round time is trusted."""
+    explore_every: int = 4
+    """At most one decision in this many measures a neighbour; the others take the best k."""
+    min_weight: float = 1.5
+    """Rounds (decayed) before a round time is trusted: two."""
     prior_acceptance: float = 0.7
     prior_weight: float = 2.0
     times: dict[tuple[int, int], RoundTime] = field(default_factory=dict)
-    num_accepted: float = 0.0
-    num_rejected: float = 0.0
+    accepted_at: list[float] = field(default_factory=list)
+    """[i]: drafts at window position i accepted (decayed), among examined_at[i] the target examined."""
+    examined_at: list[float] = field(default_factory=list)
     _k: int = 0
     _decided_at: float = -math.inf
+    _since_explored: int = 0
+    _last_round_s: float = 0.0
+    _settled_at: float = -math.inf
 
-    @property
-    def acceptance(self) -> float:
-        """Per-token acceptance: accepted drafts / (accepted + rejections), with a prior."""
-        accepted = self.num_accepted + self.prior_weight * self.prior_acceptance
-        return accepted / (self.num_accepted + self.num_rejected + self.prior_weight)
+    def acceptance(self, position: int) -> float:
+        """a_i: acceptance at window position i given the drafts before it were accepted, with a prior;
+        positions never examined take the deepest one measured."""
+        i = min(position, len(self.examined_at) - 1)
+        accepted = (self.accepted_at[i] if i >= 0 else 0.0) + self.prior_weight * self.prior_acceptance
+        return accepted / ((self.examined_at[i] if i >= 0 else 0.0) + self.prior_weight)
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k): tokens a round at k emits on average, the recovered/bonus token included."""
+        tokens, reach = 1.0, 1.0
+        for i in range(k):
+            reach *= self.acceptance(i)
+            tokens += reach
+        return tokens
 
     def observe(self, batch_size: int, k: int, num_accepted: int, seconds: float, now: float) -> None:
         """One session's round: `k` drafts, `num_accepted` of them accepted, `seconds` since its previous
         round ended (waits and overlap included)."""
         if k > 0:
-            self.num_accepted = ACCEPTANCE_DECAY * self.num_accepted + num_accepted
-            self.num_rejected = ACCEPTANCE_DECAY * self.num_rejected + (num_accepted < k)
+            grow = k - len(self.examined_at)
+            self.examined_at.extend([0.0] * grow)
+            self.accepted_at.extend([0.0] * grow)
+            for i in range(len(self.examined_at)):
+                self.examined_at[i] *= ACCEPTANCE_DECAY
+                self.accepted_at[i] *= ACCEPTANCE_DECAY
+            for i in range(min(num_accepted + 1, k)):  # examined up to the first rejection
+                self.examined_at[i] += 1.0
+                self.accepted_at[i] += i < num_accepted
+        self._last_round_s = seconds
+        if now - seconds < self._settled_at:
+            # Started while other sessions still ran the previous k: in one batched pass their tokens set
+            # the cost, so a deeper window would look nearly free (measured: k climbing to 8 at 16 clients).
+            return
         key = (batch_bucket(batch_size), min(k, self.max_k))
         self.times.setdefault(key, RoundTime()).observe(seconds, now)
 
     def choose(self, batch_size: int, now: float) -> int:
-        if now - self._decided_at >= self.period_s:
-            self._k, self._decided_at = self._decide(batch_bucket(batch_size), now), now
+        # a new k stands until the rounds in flight at the change have ended and two more were measured
+        if now - self._decided_at >= self.period_s and now >= self._settled_at + 2 * self._last_round_s:
+            k = self._decide(batch_bucket(batch_size), now)
+            if k != self._k:
+                self._settled_at = now + self._last_round_s
+            self._k, self._decided_at = k, now
         return self._k
 
     def estimate(self, bucket: int, k: int) -> float | None:
@@ -90,7 +125,7 @@ class AdaptiveK:
             for (b, kk), round_time in self.times.items()
             if kk == k and round_time.weight >= self.min_weight
         ]
-        return expected_tokens(self.acceptance, k) / max(min(measured)[1], 1e-9) if measured else None
+        return self.expected_tokens(k) / max(min(measured)[1], 1e-9) if measured else None
 
     def _decide(self, bucket: int, now: float) -> int:
         estimates = {k: self.estimate(bucket, k) for k in range(self.max_k + 1)}
@@ -98,9 +133,15 @@ class AdaptiveK:
         if not known:
             return min(self.initial_k, self.max_k)
         best = max(known, key=lambda k: known[k])
+        self._since_explored += 1
+        if self._since_explored < self.explore_every:
+            return best
         neighbours = {k for k in (best - 1, best + 1, 0) if 0 <= k <= self.max_k and k != best}
         due = [k for k in neighbours if self._due(bucket, k, known[best], estimates[k], now)]
-        return min(due, key=lambda k: self._updated_at(bucket, k)) if due else best
+        if not due:
+            return best
+        self._since_explored = 0
+        return min(due, key=lambda k: self._updated_at(bucket, k))
 
     def _due(self, bucket: int, k: int, best_rate: float, estimate: float | None, now: float) -> bool:
         round_time = self.times.get((bucket, k))
@@ -113,10 +154,4 @@ class AdaptiveK:
         round_time = self.times.get((bucket, k))
         return round_time.updated_at if round_time is not None else -math.inf
 
-
-def expected_tokens(acceptance: float, k: int) -> float:
-    """Tokens a round emits on average: accepted drafts plus the recovered/bonus token."""
-    if acceptance >= 1.0:
-        return float(k + 1)
-    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 

@@ -40,7 +40,7 @@ def test_sigterm_drains_the_stream_in_flight_then_exits_zero(
     with worker_processes(TINY, TINY_DRAFT) as workers:
         port = free_port()
         command = [sys.executable, "-m", "orchestrator", "--target", workers["target"], "--draft", workers["draft"],
-                   "--port", str(port), "--shutdown-grace-s", "60"]  # fmt: skip
+                   "--port", str(port), "--shutdown-grace-s", "60", "--no-http"]  # fmt: skip
         orchestrator = subprocess.Popen(command)
         try:
             with SpecServeClient(f"127.0.0.1:{port}", timeout_s=60) as client:

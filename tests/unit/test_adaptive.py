@@ -1,6 +1,6 @@
 """The adaptive speculation policy: per replica, the k with the most expected tokens per second from pooled
-acceptance and round times measured at about this batch size, re-measuring neighbouring choices (and
-target-only) now and then."""
+per-position acceptance and round times measured at about this batch size, re-measuring neighbouring
+choices (and target-only) now and then."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from specserve.core.adaptive import AdaptiveK, RoundTime, batch_bucket, expected_tokens
+from specserve.core.adaptive import AdaptiveK, RoundTime, batch_bucket
 
 ACCEPTANCE = 0.8
 
@@ -36,6 +36,11 @@ def _run(
     return ks
 
 
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Independent drafts each accepted with probability `acceptance`: 1 + a + ... + a^k."""
+    return sum(acceptance**j for j in range(k + 1))
+
+
 def _rate(seconds_at: dict[int, float], k: int, acceptance: float = ACCEPTANCE) -> float:
     return expected_tokens(acceptance, k) / seconds_at[k]
 
@@ -51,10 +56,19 @@ LIGHT = {k: 0.25 + 0.01 * k + 0.06 * k for k in range(9)}
 HEAVY = {k: 0.5 + 0.6 * k for k in range(9)}
 
 
-def test_expected_tokens() -> None:
-    assert expected_tokens(0.0, 4) == 1.0
-    assert expected_tokens(1.0, 4) == 5.0
-    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+def test_expected_tokens_from_per_position_acceptance() -> None:
+    assert AdaptiveK(8).expected_tokens(0) == 1.0
+    assert AdaptiveK(8, prior_acceptance=0.5).expected_tokens(2) == pytest.approx(1.75)  # the prior alone
+    independent, runs = AdaptiveK(8, prior_weight=0.0), AdaptiveK(8, prior_weight=0.0)
+    for _ in range(100):  # both accept 3 of 4 drafts overall...
+        for num_accepted in (4, 4, 0, 4):  # ...in runs: a window is right to the end or wrong at once
+            runs.observe(1, 4, num_accepted, 0.5, now=0.0)
+        for num_accepted in (3, 2, 4, 3):  # ...or spread out
+            independent.observe(1, 4, num_accepted, 0.5, now=0.0)
+    assert [round(runs.acceptance(i), 2) for i in range(4)] == [0.75, 1.0, 1.0, 1.0]
+    assert runs.expected_tokens(4) == pytest.approx(4.0, rel=0.02)  # = (5 + 5 + 1 + 5) / 4, as observed
+    assert independent.expected_tokens(4) == pytest.approx(4.0, rel=0.02)  # = (4 + 3 + 5 + 4) / 4
+    assert runs.acceptance(7) == runs.acceptance(3)  # never examined: the deepest measured position
 
 
 def test_round_time_is_a_weighted_mean_of_recent_rounds() -> None:
@@ -77,12 +91,14 @@ def test_nothing_measured_yet_starts_at_the_initial_k() -> None:
     assert AdaptiveK(2).choose(1, now=0.0) == 2
 
 
-def test_acceptance_is_accepted_over_accepted_plus_rejections() -> None:
+def test_a_position_counts_as_examined_up_to_the_first_rejection() -> None:
     policy = AdaptiveK(8, prior_weight=0.0)
-    policy.observe(1, 4, 4, 0.5, now=0.0)  # all four accepted: no rejection
-    policy.observe(1, 4, 1, 0.5, now=0.0)  # one accepted, then a rejection
+    policy.observe(1, 4, 4, 0.5, now=0.0)  # all four accepted
+    policy.observe(1, 4, 1, 0.5, now=0.0)  # one accepted, the second rejected, the rest never examined
     policy.observe(1, 0, 0, 0.3, now=0.0)  # target-only: nothing to accept
-    assert policy.acceptance == pytest.approx(5 / 6, rel=0.02)
+    assert policy.acceptance(0) == pytest.approx(1.0)
+    assert policy.acceptance(1) == pytest.approx(0.98 / (0.98 + 1.0))  # decayed once, then a rejection
+    assert policy.acceptance(2) == pytest.approx(1.0)
 
 
 def test_it_settles_on_the_fastest_k_and_rarely_leaves_it() -> None:
@@ -116,12 +132,36 @@ def test_low_acceptance_switches_speculation_off() -> None:
 
 
 def test_a_replica_decides_once_per_period() -> None:
-    policy = AdaptiveK(8, period_s=1.0)
+    policy = AdaptiveK(8, period_s=1.0, explore_every=1)
     first = policy.choose(1, now=10.0)
     for _ in range(10):
-        policy.observe(1, first, 0, 1.0, now=10.2)
+        policy.observe(1, first, 0, 0.1, now=10.2)
     assert policy.choose(1, now=10.5) == first  # the period has not passed
     assert policy.choose(1, now=11.0) != first  # a neighbour or target-only is measured next
+
+
+def test_rounds_that_straddle_a_change_of_k_are_not_measured() -> None:
+    policy = AdaptiveK(8, period_s=1.0)
+    policy.observe(16, 4, 4, 2.0, now=0.0)  # rounds of 2 s at k = 4...
+    assert policy.choose(16, now=0.0) == 4  # ...and the first decision switches k from 0 to 4
+    policy.observe(16, 4, 4, 2.0, now=1.0)  # started at -1.0, before the change: not measured
+    assert policy.times[(batch_bucket(16), 4)].weight == 1.0
+    assert policy.choose(16, now=2.5) == 4  # no decision until two rounds after the last old one ended
+    assert policy._decided_at == 0.0
+    policy.observe(16, 4, 4, 2.0, now=4.5)  # started at 2.5, after it: measured
+    assert policy.times[(batch_bucket(16), 4)].weight == pytest.approx(1.9)
+
+
+def test_exploring_takes_at_most_one_decision_in_four() -> None:
+    policy, explored_at = AdaptiveK(8, period_s=1.0), []
+    for t in range(60):
+        k = policy.choose(1, now=float(t))
+        if policy._decided_at == t and policy._since_explored == 0:  # this decision measured a neighbour
+            explored_at.append(t)
+        for offset in (0.4, 0.8):  # two rounds per period
+            policy.observe(1, k, k, LIGHT[k], now=t + offset)  # every draft accepted
+    assert len(explored_at) >= 5
+    assert all(b - a >= 4 for a, b in zip(explored_at, explored_at[1:]))
 
 
 def test_an_unmeasured_batch_size_borrows_the_nearest_round_times() -> None:

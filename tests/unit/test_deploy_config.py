@@ -86,3 +86,13 @@ def test_a_gpu_config_runs_on_a_machine_without_gpus() -> None:
     assert config.target.num_gpus == 0 and config.draft is not None and config.draft.num_gpus == 0
     assert config.target.resources == {"large_gpu": 1}  # custom resources stay: the local instance offers them
     assert _demand(config) == {"CPU": 2 * 4 + 2 * 2, "large_gpu": 2, "small_gpu": 1}
+
+
+def test_worker_cpu_threads_default_by_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specserve.models import loading
+
+    monkeypatch.setattr(loading.os, "cpu_count", lambda: 8)
+    assert (loading.cpu_threads("target"), loading.cpu_threads("draft")) == (8, 2)
+    monkeypatch.setattr(loading.os, "cpu_count", lambda: 2)
+    assert (loading.cpu_threads("target"), loading.cpu_threads("draft")) == (2, 1)
+    assert loading.cpu_threads("draft", requested=3) == 3

@@ -1,0 +1,70 @@
+"""Adaptive k through the served stack: when a request's k goes to 0 for some rounds and back, the draft is
+sent the tokens of the target-only rounds, so its context always matches the request's."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from orchestrator.client import SpecServeClient
+from specserve.config import GenerationRequest
+from specserve.core.adaptive import AdaptiveK
+from specserve.engine import SpeculativeEngine
+from tests.stack import LocalStack
+
+
+class Recorder(grpc.aio.ServerInterceptor):
+    """Keeps the draft's Prefill and Propose calls, with their answers, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, Any]] = []
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        method = details.method.rsplit("/", 1)[-1]
+        if handler is None or method not in ("Prefill", "Propose"):
+            return handler
+        inner = handler.unary_unary
+
+        async def recorded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            response = await inner(request, context)
+            self.calls.append((method, request, response))
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(
+            recorded, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+
+def test_the_draft_catches_up_after_target_only_rounds(
+    engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = itertools.cycle([3, 0, 0, 0, 2, 0, 4])  # the policy's decisions, in turn
+    monkeypatch.setattr(AdaptiveK, "choose", lambda self, batch_size, now: next(script))
+    prompt, recorder = "def add(a, b):", Recorder()
+    with LocalStack(interceptors={"draft": [recorder]}) as stack, SpecServeClient(stack.address) as client:
+        response = client.generate(prompt, max_tokens=48, ignore_eos=True)  # k unset: adaptive
+    request = GenerationRequest(prompt=prompt, max_tokens=48, num_speculative_tokens=0, ignore_eos=True)
+    reference = engine.generate(request)
+    assert list(response.token_ids) == reference.token_ids
+    truth = engine.tokenize(request) + reference.token_ids
+    draft_context: list[int] = []
+    num_checked = 0
+    for method, call, answer in recorder.calls:
+        if method == "Prefill":
+            draft_context = list(call.prompt_token_ids)
+            continue
+        draft_context = draft_context[: call.num_kept] + list(call.new_token_ids)  # what the draft commits
+        if call.new_token_ids:  # a catch-up or a new token: the committed context is the request's
+            assert draft_context == truth[: len(draft_context)]
+            num_checked += 1
+        draft_context += list(answer.token_ids)  # its proposals, checked by the target next
+    assert num_checked >= 3
