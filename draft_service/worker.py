@@ -128,14 +128,16 @@ class DraftSession:
         gave it. Stopping a window on a low one keeps the output exact: the stop depends on draft-side
         randomness only, and the target checks each drafted token as before."""
         if sampling.greedy:
-            probs = torch.softmax(logits.float(), dim=-1)
-            token_id = int(probs.argmax())
+            token_id = int(logits.argmax())
+            logits = logits.float()
+            confidence = float(torch.exp(logits[token_id] - torch.logsumexp(logits, dim=-1)))
         else:
             probs = truncate_support(logits_to_probs(logits[None], sampling))[0]
             self._probs_rows.append(probs)
             token_id = sample(probs, self.generator)
+            confidence = float(probs[token_id])
         self.sequence.token_ids.append(token_id)
-        return float(probs[token_id])
+        return confidence
 
     def take_proposal(self, start: int) -> Proposal:
         """The tokens drafted since `start`, with their distributions when sampling."""

@@ -30,7 +30,6 @@ class PassReport:
 
     compute_s: float
     batch_size: int
-    batch_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +119,7 @@ class TargetClient(_WorkerClient):
             sampling=convert.sampling_to_proto(sampling),
         )
         response = await self.stub.Verify(request, timeout=self.deadlines.round_s)
-        report = PassReport(response.compute_ms / 1000, response.batch_size, response.batch_tokens)
+        report = PassReport(response.compute_ms / 1000, response.batch_size)
         return convert.verdict_from_proto(response), report
 
 
