@@ -46,6 +46,8 @@ class RoleConfig:
     """A session unused this long is evicted (the orchestrator prefills again if it comes back)."""
     max_batch_size: int = 16
     """Sessions one forward pass of a replica serves at most (continuous batching)."""
+    prefill_chunk_tokens: int = 256
+    """Prompt tokens per prefill pass; the other sessions' passes run between the chunks."""
     cpu_threads: int | None = None
     """Torch threads for CPU inference; None: every core of the node for a target, a quarter for a draft
     (specserve.models.loading.cpu_threads; Ray would otherwise cap OMP_NUM_THREADS at num_cpus)."""
@@ -68,7 +70,10 @@ class RoleConfig:
 
     def service(self, host: str, tls: TLSConfig | None = None) -> WorkerServiceConfig:
         """The gRPC server one replica runs, listening on `host` (port chosen when it starts)."""
-        return WorkerServiceConfig(self.model, host, 0, self.max_sessions, self.idle_ttl_s, self.max_batch_size, tls)
+        return WorkerServiceConfig(
+            self.model, host, 0, self.max_sessions, self.idle_ttl_s, self.max_batch_size, tls,
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
+        )  # fmt: skip
 
     def ray_resources(self) -> dict[str, float]:
         """What one replica asks of its node, in Ray's names (as a KubeRay worker group must offer)."""

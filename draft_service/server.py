@@ -27,7 +27,7 @@ async def serve(
         return DraftWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s)
 
     await serve_worker(
-        DraftServicer(config.max_batch_size),
+        DraftServicer(config.max_batch_size, config.prefill_chunk_tokens),
         SERVICE,
         make_worker,
         config.host,

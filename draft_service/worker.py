@@ -111,10 +111,9 @@ class DraftSession:
         self._probs_rows: list[torch.Tensor] = []
         self.confidence_threshold = 0.0  # for propose(); the service passes one per call instead
 
-    def prefill(self) -> None:
-        """Cache all prompt tokens but the last, which the first propose() feeds."""
-        if self.sequence.num_pending > 1:
-            self.sequence.feed(1, upto=len(self.sequence.token_ids) - 1)
+    def prefill(self, max_tokens: int | None = None) -> bool:
+        """Cache all prompt tokens but the last, which the first propose() feeds; True once done."""
+        return self.sequence.prefill(max_tokens)
 
     def propose(self, k: int, sampling: SamplingParams) -> Proposal:
         start = len(self.sequence.token_ids)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import grpc
@@ -18,9 +17,10 @@ class SessionServicer(WorkerServicer):
 
     fingerprint = ""
 
-    def __init__(self, max_batch_size: int = 16) -> None:
+    def __init__(self, max_batch_size: int = 16, prefill_chunk_tokens: int = 256) -> None:
         super().__init__()
         self.max_batch_size = max_batch_size
+        self.prefill_chunk_tokens = prefill_chunk_tokens
 
     def attach(self, worker: Any) -> None:
         super().attach(worker)
@@ -36,21 +36,14 @@ class SessionServicer(WorkerServicer):
 
     @unary_errors
     async def Prefill(self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
+        """One chunk of the prompt per pass on the model thread, so that the other sessions' Propose or
+        Verify passes run in between (a 4k-token prompt in one pass held them for about 17 s here). A caller
+        that leaves stops it after the current chunk, and the session is only stored once complete."""
         seed = request.seed if request.HasField("seed") else None
-        prefill = asyncio.ensure_future(
-            self.executor.run(self.worker.prefill, request.session_id, list(request.prompt_token_ids), seed)
-        )
-        try:
-            await asyncio.shield(prefill)
-        except asyncio.CancelledError:  # the caller left (and may have sent Release already): drop the session
-
-            def drop(done: asyncio.Future[None]) -> None:
-                if not done.cancelled():
-                    done.exception()  # retrieved: a failed prefill left no session anyway
-                self.worker.release(request.session_id)
-
-            prefill.add_done_callback(drop)
-            raise
+        session = self.worker.open_session(list(request.prompt_token_ids), seed)
+        while not await self.executor.run(session.prefill, self.prefill_chunk_tokens):
+            pass
+        self.worker.sessions.put(request.session_id, session)
         return pb.PrefillResponse()
 
     @unary_errors

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from specserve.bench.load import DEFAULT_MODES as DEFAULT_LOAD_MODES
+from specserve.bench.command import add_bench_arguments, cmd_bench
 from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
 from specserve.core.types import SamplingParams
 from specserve.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
@@ -346,58 +346,6 @@ def _print_replicas(replica_set: object) -> None:
             print(f"  {r.address:24} {r.state:9} {r.active_sessions} sessions")
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from specserve.bench.report import format_table
-    from specserve.bench.runner import BenchConfig, run_bench
-
-    if args.concurrency or args.request_rate:
-        return _bench_load(args)
-
-    cfg = BenchConfig(
-        target=args.target, draft=args.draft, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-        ks=tuple(args.ks), target_dtype=args.target_dtype, draft_quantization=args.draft_quantization,
-        baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_fp32_draft=not args.no_fp32_draft,
-        served=args.served, address=args.address,
-    )  # fmt: skip
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    summary = run_bench(cfg)
-    summary["date"] = started
-    summary["command"] = "specserve " + " ".join(sys.argv[1:])
-    print(format_table(summary))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
-
-
-def _bench_load(args: argparse.Namespace) -> int:
-    """Closed-loop clients at each concurrency, or open-loop arrivals at each rate, against the served stack:
-    target-only, k=4, adaptive."""
-    from specserve.bench.load import rate_sweep, sweep
-    from specserve.bench.served import ServedStack
-    from specserve.bench.workloads import workload
-
-    config = _engine_config(args)
-    if config.draft is None:
-        raise ValueError("the load sweep compares speculative modes with target-only: it needs a draft")
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    workloads = {category: workload(category, args.num_prompts) for category in args.categories}
-    modes = tuple(args.modes)
-    with ServedStack(config.target, config.draft, args.confidence_threshold) as stack:
-        clients, rows = stack.load_clients, []
-        if args.concurrency:
-            rows += sweep(clients, workloads, args.concurrency, args.max_tokens, args.requests_per_client,
-                          temperature=args.temperature, modes=modes)  # fmt: skip
-        for category, prompts in workloads.items() if args.request_rate else ():
-            rows += rate_sweep(clients, prompts, args.request_rate, args.max_tokens, args.num_requests,
-                               temperature=args.temperature, category=category, modes=modes)  # fmt: skip
-    if args.json:
-        summary = {"date": started, "command": "specserve " + " ".join(sys.argv[1:]), "rows": rows}
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
-
-
 def cmd_models(args: argparse.Namespace) -> int:
     from specserve.models.loading import default_home, ensure_converted, verify_converted
 
@@ -459,35 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="HumanEval throughput: target-only vs speculative vs HF assisted")
     _add_model_flags(bench)
-    bench.add_argument("--num-prompts", type=int, default=10)
-    bench.add_argument("--max-tokens", type=int, default=128)
-    bench.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6, 8])
-    bench.add_argument("--no-fp32-draft", action="store_true", help="skip the modes with a float32 draft")
-    bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face assisted-generation peer")
-    bench.add_argument("--baseline-dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPES))
-    bench.add_argument("--served", action="store_true", help="also measure the served stack over gRPC")
-    bench.add_argument("--address", help="also measure a running orchestrator at HOST:PORT (same models)")
-    bench.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
-    bench.add_argument(
-        "--concurrency", type=int, nargs="+", help="instead: closed-loop clients at these concurrencies (served)"
-    )
-    bench.add_argument("--requests-per-client", type=int, default=2, help="with --concurrency")
-    bench.add_argument("--temperature", type=float, default=0.0, help="with --concurrency: 0 = greedy")
-    bench.add_argument(
-        "--request-rate", type=float, nargs="+", help="instead: open-loop Poisson arrivals at these rates (req/s)"
-    )
-    bench.add_argument("--num-requests", type=int, default=16, help="with --request-rate: requests per mode")
-    bench.add_argument(
-        "--categories", nargs="+", default=["code"], help="with --concurrency: code, chat, summarisation, "
-        "translation, 'question answering', maths",
-    )  # fmt: skip
-    bench.add_argument(
-        "--modes", nargs="+", default=list(DEFAULT_LOAD_MODES), help="with --concurrency/--request-rate: "
-        "target-only, k=N, adaptive, and k=N+stop / adaptive+stop (the draft ends windows on low confidence)",
-    )  # fmt: skip
-    bench.add_argument(
-        "--confidence-threshold", type=float, default=0.3, help="the draft's early stop in the '+stop' modes"
-    )
+    add_bench_arguments(bench)
 
     certs = sub.add_parser("certs", help="make a local CA and TLS certificates (for tests, docs, small deployments)")
     certs.add_argument("--out", required=True, metavar="DIR", help="folder to write (serve --tls-dir DIR reads it)")
@@ -513,6 +433,9 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--idle-ttl-s", type=float, default=300.0)
     parser.add_argument("--max-batch-size", type=int, default=16, help="sessions per forward pass at most")
+    parser.add_argument(
+        "--prefill-chunk-tokens", type=int, default=256, help="prompt tokens per prefill pass (others' passes between)"
+    )
     parser.add_argument("--cpu-threads", type=int, help="torch threads on CPU (default: OMP_NUM_THREADS if set, "
                         "else all cores for a target, a quarter for a draft)")  # fmt: skip
     parser.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
@@ -530,8 +453,9 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
             peers = (ORCHESTRATOR_NAME,) if mutual else ()
             tls = TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual, peers)
         config = WorkerServiceConfig(
-            model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size, tls
-        )
+            model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size, tls,
+            prefill_chunk_tokens=args.prefill_chunk_tokens,
+        )  # fmt: skip
         if args.cpu_threads is not None and args.cpu_threads < 1:
             raise ValueError(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
     except ValueError as error:
@@ -572,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "scale":
             return cmd_scale(args)
         if args.command == "bench":
-            return cmd_bench(args)
+            return cmd_bench(args, _engine_config(args))
         if args.command == "certs":
             return cmd_certs(args)
         return cmd_models(args)

@@ -70,6 +70,8 @@ class WorkerServiceConfig:
     tls: TLSConfig | None = None
     """Serve over TLS; with require_client_auth and allowed_peers, only the orchestrator may call. None:
     plaintext (loopback and trusted networks only)."""
+    prefill_chunk_tokens: int = 256
+    """A prompt is prefilled this many tokens per pass, the other sessions' passes running in between."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -80,3 +82,5 @@ class WorkerServiceConfig:
             raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")

@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from specserve.models.loading import ModelConfig
@@ -30,15 +30,19 @@ def _worker_command(role: str, model: ModelConfig, port: int) -> list[str]:
 
 
 @contextmanager
-def worker_processes(target: ModelConfig, draft: ModelConfig | None) -> Iterator[dict[str, str]]:
-    """Start the target (and draft) servers as child processes; stop them on exit, whatever happens."""
+def worker_processes(
+    target: ModelConfig, draft: ModelConfig | None, worker_args: Sequence[str] = ()
+) -> Iterator[dict[str, str]]:
+    """Start the target (and draft) servers as child processes (with `worker_args` added to their command
+    lines); stop them on exit, whatever happens."""
     roles = [("target", target)] + ([("draft", draft)] if draft is not None else [])
     processes: list[subprocess.Popen[bytes]] = []
     addresses = {}
     try:
         for role, model in roles:
             port = free_port()
-            processes.append(subprocess.Popen(_worker_command(role, model, port), env=dict(os.environ)))
+            command = _worker_command(role, model, port) + list(worker_args)
+            processes.append(subprocess.Popen(command, env=dict(os.environ)))
             addresses[role] = f"127.0.0.1:{port}"
             logger.info("started %s service (pid %d) on %s", role, processes[-1].pid, addresses[role])
         yield addresses

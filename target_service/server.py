@@ -27,7 +27,7 @@ async def serve(
         return TargetWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s)
 
     await serve_worker(
-        TargetServicer(config.max_batch_size),
+        TargetServicer(config.max_batch_size, config.prefill_chunk_tokens),
         SERVICE,
         make_worker,
         config.host,

@@ -85,9 +85,8 @@ class TargetSession:
         self.sequence = CachedSequence(loaded.model, prompt_token_ids)
         self.generator = make_generator(seed, TARGET_STREAM)
 
-    def prefill(self) -> None:
-        if self.sequence.num_pending > 1:
-            self.sequence.feed(1, upto=len(self.sequence.token_ids) - 1)
+    def prefill(self, max_tokens: int | None = None) -> bool:
+        return self.sequence.prefill(max_tokens)
 
     def verify(self, proposal: Proposal, sampling: SamplingParams) -> Verdict:
         num_context = self.begin(proposal)

@@ -30,11 +30,14 @@ class LocalStack:
         orchestrator: dict[str, Any] | None = None,
         interceptors: dict[str, list[Any]] | None = None,
         http: bool = False,
+        workers: dict[str, Any] | None = None,
     ):
         """certs: a folder `specserve certs` wrote: TLS everywhere, mutual between orchestrator and workers;
         api_key: the orchestrator requires it; orchestrator: OrchestratorConfig fields to override;
-        interceptors: gRPC server interceptors per worker name ("target", "target-1", "draft"), to inject faults."""
+        interceptors: gRPC server interceptors per worker name ("target", "target-1", "draft"), to inject faults;
+        workers: WorkerServiceConfig fields to override in every worker."""
         self.orchestrator_overrides, self.interceptors = orchestrator or {}, interceptors or {}
+        self.worker_overrides = workers or {}
         self.target_name, self.draft_name, self.k, self.pipelined = target, draft, k, pipelined
         self.certs, self.api_key = certs, api_key
         self.http, self.http_url = http, ""  # http: serve the OpenAI-compatible API too, at http_url (a free port)
@@ -89,7 +92,8 @@ class LocalStack:
         model = model or (self.draft_name if role == "draft" else self.target_name)
         assert model is not None
         tls = TLSConfig.from_dir(self.certs, "worker") if self.certs else None
-        config = WorkerServiceConfig(ModelConfig(model, device="cpu", dtype="float32"), port=port, tls=tls)
+        model_config = ModelConfig(model, device="cpu", dtype="float32")
+        config = WorkerServiceConfig(model_config, port=port, tls=tls, **self.worker_overrides)
         name = name or role
         return self._start(name, functools.partial(serve, interceptors=self.interceptors.get(name, ())), config)
 

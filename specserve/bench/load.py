@@ -6,15 +6,18 @@ overlap, the bound speculation could reach and the efficiency against it, and id
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import statistics
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.client import SpecServeClient
+import grpc
+
+from orchestrator.client import SpecServeClient, build_request
 
 if TYPE_CHECKING:
     from protos import specserve_pb2 as pb
@@ -46,6 +49,34 @@ Clients = Mapping[bool, SpecServeClient]  # early_stop -> the orchestrator to se
 
 
 Prompt = tuple[str, bool]  # (text, send through the chat template)
+RequestKey = tuple[int, int, int]  # (repeat, client, request): the same prompt in every mode
+
+
+@dataclass(slots=True)
+class Window:
+    """Tokens count from `start`; at `end` the calls still streaming are cancelled (timed runs)."""
+
+    start: float
+    end: float = math.inf
+    closed: bool = False
+    _calls: set[grpc.Call] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, call: grpc.Call) -> None:
+        with self._lock:
+            self._calls.add(call)
+            if self.closed:  # closed while this call was being made
+                call.cancel()
+
+    def discard(self, call: grpc.Call) -> None:
+        with self._lock:
+            self._calls.discard(call)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            for call in self._calls:
+                call.cancel()
 
 
 @dataclass
@@ -56,10 +87,16 @@ class LoadRun:
     temperature: float = 0.0
     request_rate: float | None = None
     """Open-loop arrivals per second (then concurrency is 0)."""
+    max_tokens: int = 0
+    """Of a full-length request (0: every request is)."""
     seconds: float = 0.0
-    outputs: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (client, request) -> tokens
+    """The measured window: the whole run, or its timed part (--duration)."""
+    counted_tokens: int = 0
+    """Tokens received in the measured window, from finished and cut-off requests alike."""
+    outputs: dict[RequestKey, list[int]] = field(default_factory=dict)  # finished requests only
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)
     proposed: int = 0
     accepted: int = 0
     rounds: int = 0
@@ -78,25 +115,35 @@ class LoadRun:
         self.prompt_tokens += stats.prompt_tokens
         self.draft_wait_s += stats.draft_ms / 1000
         self.draft_hidden_s += stats.draft_hidden_ms / 1000
-        for totals, counts in (
-            (self.proposed_at_position, stats.proposed_at_position),
-            (self.accepted_at_position, stats.accepted_at_position),
-        ):
-            totals.extend([0] * (len(counts) - len(totals)))
-            for i, count in enumerate(counts):
-                totals[i] += count
+        _add_counts(self.proposed_at_position, stats.proposed_at_position)
+        _add_counts(self.accepted_at_position, stats.accepted_at_position)
+
+    def merge(self, other: LoadRun) -> None:
+        """Add a later run of the same mode and load (its request keys are distinct)."""
+        self.seconds += other.seconds
+        self.counted_tokens += other.counted_tokens
+        self.outputs.update(other.outputs)
+        self.latencies += other.latencies
+        self.ttfts += other.ttfts
+        self.tpots += other.tpots
+        self.errors += other.errors
+        for name in ("proposed", "accepted", "rounds", "prompt_tokens", "draft_wait_s", "draft_hidden_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        _add_counts(self.proposed_at_position, other.proposed_at_position)
+        _add_counts(self.accepted_at_position, other.accepted_at_position)
 
     def summary(self, reference: LoadRun | None) -> dict:
         """`reference`: the target-only run at the same load (identity, the bound and efficiency)."""
-        tokens = sum(len(t) for t in self.outputs.values())
-        tokens_per_second = tokens / self.seconds if self.seconds else 0.0
-        identical = bound = None
+        tokens_per_second = self.counted_tokens / self.seconds if self.seconds else 0.0
+        identical = compared = bound = None
         if reference is not None and self.temperature == 0:  # sampled outputs differ by design
-            identical = sum(reference.outputs.get(key) == out for key, out in self.outputs.items())
+            both = [key for key in self.outputs if key in reference.outputs]  # a timed run finishes what it can
+            identical = sum(reference.outputs[key] == self.outputs[key] for key in both)
+            compared = len(both)
         mean_acceptance_length = (self.accepted + self.rounds) / self.rounds if self.rounds else 1.0
         if reference is not None and reference.seconds:
             # every round as cheap as a target-only step, the draft free: what speculation could reach
-            bound = sum(len(t) for t in reference.outputs.values()) / reference.seconds * mean_acceptance_length
+            bound = reference.counted_tokens / reference.seconds * mean_acceptance_length
         drafting_s = self.draft_wait_s + self.draft_hidden_s
         return {
             "temperature": self.temperature,
@@ -107,16 +154,11 @@ class LoadRun:
             "requests": len(self.outputs),
             "errors": len(self.errors),
             "tokens_per_second": tokens_per_second,
+            # None when no full-length request finished (a timed run at high load can end before any)
             "latency_p50_s": _percentile(self.latencies, 50),
             "latency_p99_s": _percentile(self.latencies, 99),
-            "ttft_p50_ms": 1000 * _percentile(self.ttfts, 50),
-            "tpot_ms": 1000
-            * statistics.mean(
-                (lat - ttft) / max(1, len(out) - 1)
-                for lat, ttft, out in zip(self.latencies, self.ttfts, self.outputs.values())
-            )
-            if self.latencies
-            else 0.0,
+            "ttft_p50_ms": _scaled(_percentile(self.ttfts, 50), 1000),
+            "tpot_ms": 1000 * statistics.mean(self.tpots) if self.tpots else None,
             "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
             "mean_k": self.proposed / self.rounds if self.rounds else 0.0,
             "mean_acceptance_length": mean_acceptance_length,
@@ -128,6 +170,7 @@ class LoadRun:
             "efficiency": tokens_per_second / bound if bound else None,
             "mean_prompt_tokens": self.prompt_tokens / len(self.outputs) if self.outputs else 0.0,
             "identical_to_target_only": identical,
+            "compared_to_target_only": compared,
         }
 
 
@@ -140,17 +183,40 @@ def run_load(
     requests_per_client: int,
     category: str = "code",
     temperature: float = 0.0,
+    repeat: int = 0,
+    duration_s: float | None = None,
+    warmup_s: float = 0.0,
 ) -> LoadRun:
-    """Closed loop: `concurrency` clients, each sending its requests back to back."""
-    run = LoadRun(mode, concurrency, category, temperature)
+    """Closed loop: `concurrency` clients, each sending its requests back to back: `requests_per_client`
+    each, or (`duration_s`) as many as fit in `warmup_s + duration_s`, counting the tokens of the last
+    `duration_s` only: every client is busy all through that window, so the figure is the throughput at
+    this concurrency, without the start (every prompt prefilled at once) and the tail (the last clients
+    alone) of a fixed batch of requests. A warm-up of a few request lengths lets the clients' phases
+    spread."""
+    run = LoadRun(mode, concurrency, category, temperature, max_tokens=max_tokens)
     lock = threading.Lock()
+    started = time.perf_counter()
+    window = Window(started + warmup_s) if duration_s else Window(started)
+    if duration_s:
+        window.end = window.start + duration_s
 
     def client_loop(index: int) -> None:
-        for j in range(requests_per_client):
-            prompt = prompts[(index * requests_per_client + j) % len(prompts)]
-            _request(clients, run, lock, (index, j), prompt, max_tokens)
+        requests = itertools.count() if duration_s else range(requests_per_client)
+        for j in requests:
+            prompt = prompts[(index + (repeat * requests_per_client + j) * concurrency) % len(prompts)]
+            # timed: first requests of 1/c, 2/c, ... of the length spread the clients' phases, as in a
+            # server that has been running (instead of every client prefilling and finishing together)
+            tokens = max(1, max_tokens * (index + 1) // concurrency) if duration_s and j == 0 else max_tokens
+            ok = not window.closed and _request(clients, run, lock, (repeat, index, j), prompt, tokens, window)
+            if duration_s and not ok:  # the window's end, or an error: a timed client does not retry in a loop
+                return
 
-    return _timed(run, [threading.Thread(target=client_loop, args=(i,)) for i in range(concurrency)])
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(concurrency)]
+    timer = threading.Timer(window.end - started, window.close) if duration_s else None
+    _timed(run, threads, timer)
+    if duration_s:
+        run.seconds = duration_s
+    return run
 
 
 def run_rate(
@@ -169,20 +235,23 @@ def run_rate(
     lock = threading.Lock()
     rng = random.Random(seed)
     arrivals = list(itertools.accumulate(rng.expovariate(request_rate) for _ in range(num_requests)))
+    window = Window(time.perf_counter())
 
     def arrive(i: int) -> None:
         time.sleep(arrivals[i])
-        _request(clients, run, lock, (i, 0), prompts[i % len(prompts)], max_tokens)
+        _request(clients, run, lock, (0, i, 0), prompts[i % len(prompts)], max_tokens, window)
 
     return _timed(run, [threading.Thread(target=arrive, args=(i,)) for i in range(num_requests)])
 
 
-def _timed(run: LoadRun, threads: list[threading.Thread]) -> LoadRun:
+def _timed(run: LoadRun, threads: list[threading.Thread], timer: threading.Timer | None = None) -> LoadRun:
     started = time.perf_counter()
-    for thread in threads:
+    for thread in threads + ([timer] if timer else []):
         thread.start()
     for thread in threads:
         thread.join()
+    if timer:
+        timer.cancel()
     run.seconds = time.perf_counter() - started
     return run
 
@@ -191,34 +260,51 @@ def _request(
     clients: Clients,
     run: LoadRun,
     lock: threading.Lock,
-    key: tuple[int, int],
+    key: RequestKey,
     prompt: Prompt,
     max_tokens: int,
-) -> None:
+    window: Window,
+) -> bool:
+    """One streamed request; False when it failed or was cut at the window's end."""
     text, chat = prompt
     started = time.perf_counter()
     token_ids: list[int] = []
-    ttft = None
+    ttft, counted = None, 0
     message = {"messages": [("user", text)]} if chat else {"prompt": text}
     mode = parse_mode(run.mode)
+    client = clients[mode.early_stop]
+    request = build_request(
+        **message, max_tokens=max_tokens, num_speculative_tokens=mode.k, ignore_eos=True,
+        temperature=run.temperature,  # no seed: a seeded sample keeps a fixed k
+    )  # fmt: skip
+    call = client.stub.GenerateStream(request, timeout=client.timeout_s)
+    window.add(call)
     try:
-        for chunk in clients[mode.early_stop].stream(
-            **message, max_tokens=max_tokens, num_speculative_tokens=mode.k, ignore_eos=True,
-            temperature=run.temperature,  # no seed: a seeded sample keeps a fixed k
-        ):  # fmt: skip
+        for chunk in call:
+            now = time.perf_counter()
             if chunk.token_ids and ttft is None:
-                ttft = time.perf_counter() - started
+                ttft = now - started
+            counted += len(chunk.token_ids) if window.start <= now <= window.end else 0
             token_ids.extend(chunk.token_ids)
             stats = chunk.stats
-    except Exception as error:  # noqa: BLE001 - counted and reported
+    except grpc.RpcError as error:
+        window.discard(call)
         with lock:
-            run.errors.append(str(error))
-        return
+            run.counted_tokens += counted
+            if not (window.closed and error.code() == grpc.StatusCode.CANCELLED):  # cut at the window's end
+                run.errors.append(str(error))
+        return False
+    window.discard(call)
     with lock:
+        run.counted_tokens += counted
         run.outputs[key] = token_ids
-        run.latencies.append(time.perf_counter() - started)
-        run.ttfts.append(ttft or 0.0)
+        if max_tokens == run.max_tokens or not run.max_tokens:  # a timed run's shortened first requests: not
+            latency, ttft = time.perf_counter() - started, ttft or 0.0  # in the latency figures
+            run.latencies.append(latency)
+            run.ttfts.append(ttft)
+            run.tpots.append((latency - ttft) / max(1, len(token_ids) - 1))
         run.observe(stats)
+    return True
 
 
 def sweep(
@@ -230,18 +316,29 @@ def sweep(
     log: bool = True,
     temperature: float = 0.0,
     modes: tuple[str, ...] = DEFAULT_MODES,
+    repeats: int = 1,
+    duration_s: float | None = None,
+    warmup_s: float = 0.0,
 ) -> list[dict]:
-    """Every mode at every concurrency for every workload, modes back to back per (workload, concurrency);
+    """Every mode at every concurrency for every workload; per (workload, concurrency) the modes take turns
+    `repeats` times (on a shared machine the speed drifts: taking turns spreads the drift over all modes);
     target-only runs first (the reference), whether asked for or not."""
     rows = []
     for category, prompts in workloads.items():
         for concurrency in concurrencies:
-            reference = None
-            for mode in _with_reference(modes):
-                run = run_load(
-                    clients, mode, concurrency, prompts, max_tokens, requests_per_client, category, temperature
-                )
-                reference = reference or run
+            runs: dict[str, LoadRun] = {}
+            for repeat in range(repeats):
+                for mode in _with_reference(modes):
+                    run = run_load(
+                        clients, mode, concurrency, prompts, max_tokens, requests_per_client, category, temperature,
+                        repeat, duration_s, warmup_s,
+                    )  # fmt: skip
+                    if mode in runs:
+                        runs[mode].merge(run)
+                    else:
+                        runs[mode] = run
+            reference = runs["target-only"]
+            for run in runs.values():
                 rows.append(run.summary(reference))
                 if log:
                     print(format_row(rows[-1]), flush=True)
@@ -283,11 +380,20 @@ def format_row(row: dict) -> str:
     return (
         f"{row['category']:18} {_load_label(row):7} prompt {row['mean_prompt_tokens']:5.0f}  "
         f"{row['mode']:12} {row['tokens_per_second']:7.2f} tok/s  "
-        f"p50 {row['latency_p50_s']:6.2f}s p99 {row['latency_p99_s']:6.2f}s  ttft {row['ttft_p50_ms']:6.0f} ms  "
-        f"tpot {row['tpot_ms']:6.0f} ms  accept {acceptance:4}  k {row['mean_k']:4.1f}  "
+        f"p50 {_figure(row['latency_p50_s'], '6.2f')}s p99 {_figure(row['latency_p99_s'], '6.2f')}s  "
+        f"ttft {_figure(row['ttft_p50_ms'], '6.0f')} ms  tpot {_figure(row['tpot_ms'], '6.0f')} ms  "
+        f"accept {acceptance:4}  k {row['mean_k']:4.1f}  "
         f"eff {_fraction(row['efficiency'])} hidden {_fraction(row['draft_hidden_fraction'])}  "
-        f"identical {row['identical_to_target_only']}/{row['requests']}  errors {row['errors']}"
+        f"identical {row['identical_to_target_only']}/{row['compared_to_target_only']}  errors {row['errors']}"
     )
+
+
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
 
 
 def _fraction(value: float | None) -> str:
@@ -298,8 +404,14 @@ def _load_label(row: dict) -> str:
     return f"{row['request_rate']:g}/s" if row.get("request_rate") else f"c={row['concurrency']}"
 
 
-def _percentile(values: list[float], q: float) -> float:
+def _add_counts(totals: list[int], counts: Sequence[int]) -> None:
+    totals.extend([0] * (len(counts) - len(totals)))
+    for i, count in enumerate(counts):
+        totals[i] += count
+
+
+def _percentile(values: list[float], q: float) -> float | None:
     if not values:
-        return 0.0
+        return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]

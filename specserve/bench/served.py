@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
@@ -26,8 +27,16 @@ class ServedStack:
     """Orchestrators over the same two workers: pipelined, unpipelined, and pipelined with the draft's
     early stop at `confidence_threshold` (the load sweep's '+stop' modes)."""
 
-    def __init__(self, target: ModelConfig, draft: ModelConfig, confidence_threshold: float = 0.3) -> None:
+    def __init__(
+        self,
+        target: ModelConfig,
+        draft: ModelConfig,
+        confidence_threshold: float = 0.3,
+        worker_args: Sequence[str] = (),
+    ) -> None:
+        """worker_args: added to both workers' command lines (e.g. --prefill-chunk-tokens N)."""
         self.target, self.draft, self.confidence_threshold = target, draft, confidence_threshold
+        self.worker_args = worker_args
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="served-bench", daemon=True)
         self.exits = ExitStack()
@@ -41,7 +50,7 @@ class ServedStack:
         from orchestrator.server import serve
         from orchestrator.service import OrchestratorConfig
 
-        workers = self.exits.enter_context(worker_processes(self.target, self.draft))
+        workers = self.exits.enter_context(worker_processes(self.target, self.draft, self.worker_args))
         self.thread.start()
         self.stop = asyncio.run_coroutine_threadsafe(_event(), self.loop).result()
         variants = {

@@ -15,24 +15,43 @@ at 8 clients here (0.96x target-only where k = 4 gave 1.10x).
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
-DECAY = 0.9  # round times: weight of the past per observation, about the last ten rounds count
 ACCEPTANCE_DECAY = 0.98  # acceptance: about the last fifty rounds count
+ROUNDS_KEPT = 8  # round times: about the last eight rounds of the batch count
+ROUNDS_TRUSTED = 3  # ...and a figure is trusted after three
+STALL = 2.0  # a round this many times the median stalled (another request's prefill held the model)
 
 
 @dataclass(slots=True)
 class RoundTime:
-    """Exponentially weighted mean of a session's round seconds at one (batch size, k)."""
+    """A session's round seconds at one (batch size, k): the mean of the recent rounds of every session of
+    the batch, leaving out stalls. A new request's prefill holds the target (and the draft) for a second
+    or more whatever k is, and with a few rounds per figure one stall more or less swung the comparison
+    between two k by 50% (measured at 8 clients: k flipping every few seconds)."""
 
-    seconds: float = 0.0
-    weight: float = 0.0
+    batch_size: int
+    recent: deque[float] = field(init=False)
     updated_at: float = -math.inf
 
+    def __post_init__(self) -> None:
+        self.recent = deque(maxlen=ROUNDS_KEPT * max(2, self.batch_size))
+
     def observe(self, seconds: float, now: float) -> None:
-        self.weight = DECAY * self.weight + 1.0
-        self.seconds += (seconds - self.seconds) / self.weight
+        self.recent.append(seconds)
         self.updated_at = now
+
+    @property
+    def trusted(self) -> bool:
+        return len(self.recent) >= ROUNDS_TRUSTED * self.batch_size
+
+    @property
+    def seconds(self) -> float:
+        ordered = sorted(self.recent)
+        median = ordered[len(ordered) // 2]
+        kept = [s for s in ordered if s <= STALL * median]
+        return sum(kept) / len(kept)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -52,14 +71,16 @@ class AdaptiveK:
     initial_k: int = 4
     """k until rounds have been measured."""
     period_s: float = 1.0
-    """Decisions come at most this often (and after a change, only once two rounds ran at the new k)."""
-    refresh_s: float = 15.0
+    """Decisions come at most this often (and after a change, only once the new k's figure can be trusted)."""
+    refresh_s: float = 30.0
     """A neighbouring choice is measured again when its figure is older than this (four times longer when
     it was more than a quarter slower: exploring a bad choice costs more)."""
-    explore_every: int = 4
-    """At most one decision in this many measures a neighbour; the others take the best k."""
-    min_weight: float = 1.5
-    """Rounds (decayed) before a round time is trusted: two."""
+    explore_fraction: float = 0.1
+    """At most this share of the time the replica serves goes to measuring choices other than the best: an
+    exploration lasts a few rounds (the change settling, then two measured), which under load is seconds."""
+    switch_margin: float = 0.05
+    """Another measured k replaces the current one only when this much faster: round times are noisy, and
+    every change costs a settling round."""
     prior_acceptance: float = 0.7
     prior_weight: float = 2.0
     times: dict[tuple[int, int], RoundTime] = field(default_factory=dict)
@@ -67,8 +88,13 @@ class AdaptiveK:
     """[i]: drafts at window position i accepted (decayed), among examined_at[i] the target examined."""
     examined_at: list[float] = field(default_factory=list)
     _k: int = 0
+    _chosen: int = 0
+    """The last k chosen as best (the one explorations return to)."""
     _decided_at: float = -math.inf
-    _since_explored: int = 0
+    _exploring: bool = False
+    _serving_s: float = 0.0
+    _exploring_s: float = 0.0
+    _seen_at: float = -math.inf
     _last_round_s: float = 0.0
     _settled_at: float = -math.inf
 
@@ -106,11 +132,13 @@ class AdaptiveK:
             # the cost, so a deeper window would look nearly free (measured: k climbing to 8 at 16 clients).
             return
         key = (batch_bucket(batch_size), min(k, self.max_k))
-        self.times.setdefault(key, RoundTime()).observe(seconds, now)
+        self.times.setdefault(key, RoundTime(batch_size)).observe(seconds, now)
 
     def choose(self, batch_size: int, now: float) -> int:
-        # a new k stands until the rounds in flight at the change have ended and two more were measured
-        if now - self._decided_at >= self.period_s and now >= self._settled_at + 2 * self._last_round_s:
+        self._count_time(now)
+        # a new k stands until the rounds in flight at the change have ended and enough were measured
+        settled = now >= self._settled_at + ROUNDS_TRUSTED * self._last_round_s
+        if now - self._decided_at >= self.period_s and settled:
             k = self._decide(batch_bucket(batch_size), now)
             if k != self._k:
                 self._settled_at = now + self._last_round_s
@@ -118,34 +146,69 @@ class AdaptiveK:
         return self._k
 
     def estimate(self, bucket: int, k: int) -> float | None:
-        """Expected tokens per second per session at (bucket, k), from its round time, else the nearest
-        bucket's; None when k has not been measured."""
-        measured = [
-            (abs(b - bucket), round_time.seconds)
-            for (b, kk), round_time in self.times.items()
-            if kk == k and round_time.weight >= self.min_weight
-        ]
-        return self.expected_tokens(k) / max(min(measured)[1], 1e-9) if measured else None
+        """Expected tokens per second per session at (bucket, k): from its round time at this bucket, else
+        from the nearest bucket where k was measured, scaled by how round times differ between the two
+        (unscaled, a small batch's figure made target-only look fast at 16 clients); None when neither."""
+        seconds = self._seconds(bucket, k)
+        for other in sorted((b for b, kk in self.times if kk == k), key=lambda b: abs(b - bucket)):
+            if seconds is not None:
+                break
+            there, scale = self._seconds(other, k), self._scale(bucket, other)
+            seconds = there * scale if there is not None and scale is not None else None
+        return None if seconds is None else self.expected_tokens(k) / max(seconds, 1e-9)
+
+    def _scale(self, bucket: int, other: int) -> float | None:
+        """Round times at `bucket` over those at `other`, from a k measured at both (the current one if it is)."""
+        for k in [self._k, *range(self.max_k + 1)]:
+            here, there = self._seconds(bucket, k), self._seconds(other, k)
+            if here is not None and there is not None:
+                return here / there
+        return None
+
+    def _seconds(self, bucket: int, k: int) -> float | None:
+        round_time = self.times.get((bucket, k))
+        return round_time.seconds if round_time is not None and round_time.trusted else None
+
+    def _count_time(self, now: float) -> None:
+        """Serving time (gaps over 5 s are idle) and the part of it spent exploring."""
+        gap = now - self._seen_at
+        serving = gap if 0.0 <= gap <= 5.0 else 0.0
+        self._serving_s += serving
+        self._exploring_s += serving if self._exploring else 0.0
+        self._seen_at = now
 
     def _decide(self, bucket: int, now: float) -> int:
         estimates = {k: self.estimate(bucket, k) for k in range(self.max_k + 1)}
         known = {k: rate for k, rate in estimates.items() if rate is not None}
-        if not known:
-            return min(self.initial_k, self.max_k)
-        best = max(known, key=lambda k: known[k])
-        self._since_explored += 1
-        if self._since_explored < self.explore_every:
+        self._exploring = False
+        if not known:  # a batch size nothing was measured at yet: measure the chosen k there first
+            return self._chosen if self._decided_at > -math.inf else min(self.initial_k, self.max_k)
+        best = measured_best = max(known, key=lambda k: known[k])
+        chosen = known.get(self._chosen)
+        if chosen is not None and self._seconds(bucket, self._chosen) is not None:
+            # Within the noise: no change. Against the last k chosen as best, not the one just explored, or
+            # every exploration that measured about as fast would stick (k drifted to 5 at 8 clients).
+            if known[best] <= (1 + self.switch_margin) * chosen:
+                best = self._chosen
+        self._chosen = best
+        budget = self.explore_fraction * self._serving_s
+        if budget <= 0.0 or self._exploring_s > budget:
             return best
-        neighbours = {k for k in (best - 1, best + 1, 0) if 0 <= k <= self.max_k and k != best}
-        due = [k for k in neighbours if self._due(bucket, k, known[best], estimates[k], now)]
+        # Around the fastest measured, so that a slope of small steps (each within the margin) is climbed;
+        # and any k measured here as a contender again once its figure is stale, so that an early figure
+        # (taken while the first requests were all prefilling) cannot keep a good k out for good.
+        contenders = {k for k, rate in known.items() if rate >= 0.75 * known[measured_best]}
+        around = {measured_best - 1, measured_best + 1, 0} | contenders
+        candidates = {k for k in around if 0 <= k <= self.max_k and k != best}
+        due = [k for k in candidates if self._due(bucket, k, known[best], estimates[k], now)]
         if not due:
             return best
-        self._since_explored = 0
+        self._exploring = True
         return min(due, key=lambda k: self._updated_at(bucket, k))
 
     def _due(self, bucket: int, k: int, best_rate: float, estimate: float | None, now: float) -> bool:
         round_time = self.times.get((bucket, k))
-        if round_time is None or round_time.weight < self.min_weight:
+        if round_time is None or not round_time.trusted:
             return True
         slower = estimate is not None and estimate < 0.75 * best_rate
         return now - round_time.updated_at > self.refresh_s * (4 if slower else 1)

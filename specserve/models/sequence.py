@@ -36,6 +36,16 @@ class CachedSequence:
     def num_pending(self) -> int:
         return len(self.token_ids) - self.num_cached
 
+    def prefill(self, max_tokens: int | None = None) -> bool:
+        """Cache the prompt but its last token (the first round feeds that one), at most `max_tokens` per
+        call; True once done. In chunks, a long prompt lets other sessions' passes run in between."""
+        end = len(self.token_ids) - 1
+        if max_tokens is not None:
+            end = min(end, self.num_cached + max_tokens)
+        if end > self.num_cached:
+            self.feed(1, upto=end)
+        return self.num_cached >= len(self.token_ids) - 1
+
     @torch.inference_mode()
     def feed(self, num_logits: int, upto: int | None = None) -> torch.Tensor:
         """Run the pending tokens (through `upto`) in one pass; return logits [num_logits, vocab] of the last ones."""

@@ -3,6 +3,8 @@ every output equal to target-only's or departing from it only at a near-tie."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from orchestrator.client import SpecServeClient
@@ -22,8 +24,8 @@ def test_concurrent_batched_requests_match_target_only(engine: SpeculativeEngine
             run = run_load({False: client}, mode, concurrency=4, prompts=PROMPTS, max_tokens=48, requests_per_client=2)
             assert not run.errors and len(run.outputs) == 8
             assert run.proposed > 0
-            for (index, j), output in run.outputs.items():
-                prompt = PROMPTS[(index * 2 + j) % len(PROMPTS)][0]
+            for (_, index, j), output in run.outputs.items():
+                prompt = PROMPTS[(index + j * 4) % len(PROMPTS)][0]
                 request = GenerationRequest(prompt=prompt, max_tokens=48, num_speculative_tokens=0, ignore_eos=True)
                 prompt_ids = engine.tokenize(request)
                 assert_divergence_is_near_tie(tiny_target, prompt_ids, engine.generate(request).token_ids, output)
@@ -57,6 +59,24 @@ def test_a_k_sweep_with_the_early_stop_modes_runs_target_only_first() -> None:
     by_mode = {r["mode"]: r for r in rows}
     assert by_mode["k=2"]["mean_k"] <= 2 and len(by_mode["k=6"]["acceptance_at_position"]) == 6
     assert by_mode["k=6+stop"]["mean_k"] < by_mode["k=6"]["mean_k"]
+
+
+def test_a_timed_run_counts_the_window_and_cuts_the_requests_still_running(tiny_target: LoadedModel) -> None:
+    with LocalStack() as stack, SpecServeClient(stack.address) as client:
+        short = run_load({False: client}, "k=4", 2, PROMPTS, 32, 0, duration_s=2.0, warmup_s=0.5)
+        started = time.perf_counter()
+        # one 480-token request takes the tiny pair about 2.4 s at k = 4 here: it is still running at 1.3 s
+        long = run_load({False: client}, "k=4", 1, PROMPTS, 480, 0, duration_s=1.0, warmup_s=0.3)
+        elapsed = time.perf_counter() - started
+        assert client.generate("def f():", max_tokens=4, ignore_eos=True).text  # still serving after the cuts
+    assert short.errors == long.errors == [] and short.seconds == 2.0 and long.seconds == 1.0
+    # the first request of each client is shortened (1/2, 2/2 of the length) to spread their phases
+    assert {len(tokens) for tokens in short.outputs.values()} == {16, 32}
+    full = sum(len(tokens) == 32 for tokens in short.outputs.values())
+    assert len(short.latencies) == len(short.tpots) == full  # latency figures: full-length requests only
+    assert short.counted_tokens != sum(len(tokens) for tokens in short.outputs.values())  # the warm-up's not counted
+    assert not long.outputs and long.counted_tokens > 0  # none finished; the window's tokens count
+    assert elapsed < 1.3 + 0.5  # the call still streaming at the end was cancelled, not awaited
 
 
 def test_mode_names() -> None:

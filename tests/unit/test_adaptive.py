@@ -71,14 +71,16 @@ def test_expected_tokens_from_per_position_acceptance() -> None:
     assert runs.acceptance(7) == runs.acceptance(3)  # never examined: the deepest measured position
 
 
-def test_round_time_is_a_weighted_mean_of_recent_rounds() -> None:
-    round_time = RoundTime()
-    for _ in range(50):
+def test_round_time_is_the_mean_of_recent_rounds_without_stalls() -> None:
+    round_time = RoundTime(batch_size=4)
+    for _ in range(11):
         round_time.observe(1.0, now=1.0)
-    for _ in range(50):
-        round_time.observe(2.0, now=2.0)  # the past fades
-    assert round_time.seconds == pytest.approx(2.0, rel=1e-2)
-    assert round_time.updated_at == 2.0
+    assert not round_time.trusted  # three rounds of four sessions: 12 observations
+    round_time.observe(5.0, now=2.0)  # a stall: another request's prefill held the model
+    assert round_time.trusted and round_time.seconds == 1.0 and round_time.updated_at == 2.0
+    for _ in range(32):
+        round_time.observe(2.0, now=3.0)  # eight rounds of four later, the past is gone
+    assert round_time.seconds == 2.0
 
 
 def test_batch_buckets_group_nearby_sizes() -> None:
@@ -107,7 +109,7 @@ def test_it_settles_on_the_fastest_k_and_rarely_leaves_it() -> None:
     assert 0 not in near_best and len(near_best) < 5
     ks = _run(AdaptiveK(8), LIGHT, batch_size=1, duration_s=300)
     assert _share(ks, near_best) > 0.8
-    assert _share(ks, {0}) < 0.03  # target-only is re-measured, rarely: it is far slower
+    assert _share(ks, {0}) < 0.05  # target-only is re-measured, rarely: it is far slower
 
 
 def test_it_switches_speculation_off_when_target_only_is_faster() -> None:
@@ -132,7 +134,7 @@ def test_low_acceptance_switches_speculation_off() -> None:
 
 
 def test_a_replica_decides_once_per_period() -> None:
-    policy = AdaptiveK(8, period_s=1.0, explore_every=1)
+    policy = AdaptiveK(8, period_s=1.0, explore_fraction=1.0)
     first = policy.choose(1, now=10.0)
     for _ in range(10):
         policy.observe(1, first, 0, 0.1, now=10.2)
@@ -145,29 +147,60 @@ def test_rounds_that_straddle_a_change_of_k_are_not_measured() -> None:
     policy.observe(16, 4, 4, 2.0, now=0.0)  # rounds of 2 s at k = 4...
     assert policy.choose(16, now=0.0) == 4  # ...and the first decision switches k from 0 to 4
     policy.observe(16, 4, 4, 2.0, now=1.0)  # started at -1.0, before the change: not measured
-    assert policy.times[(batch_bucket(16), 4)].weight == 1.0
-    assert policy.choose(16, now=2.5) == 4  # no decision until two rounds after the last old one ended
+    assert len(policy.times[(batch_bucket(16), 4)].recent) == 1
+    assert policy.choose(16, now=7.5) == 4  # no decision until three rounds after the last old one ended
     assert policy._decided_at == 0.0
     policy.observe(16, 4, 4, 2.0, now=4.5)  # started at 2.5, after it: measured
-    assert policy.times[(batch_bucket(16), 4)].weight == pytest.approx(1.9)
+    assert len(policy.times[(batch_bucket(16), 4)].recent) == 2
 
 
-def test_exploring_takes_at_most_one_decision_in_four() -> None:
-    policy, explored_at = AdaptiveK(8, period_s=1.0), []
-    for t in range(60):
-        k = policy.choose(1, now=float(t))
-        if policy._decided_at == t and policy._since_explored == 0:  # this decision measured a neighbour
-            explored_at.append(t)
-        for offset in (0.4, 0.8):  # two rounds per period
-            policy.observe(1, k, k, LIGHT[k], now=t + offset)  # every draft accepted
-    assert len(explored_at) >= 5
-    assert all(b - a >= 4 for a, b in zip(explored_at, explored_at[1:]))
+def test_exploring_takes_at_most_its_share_of_the_serving_time() -> None:
+    policy = AdaptiveK(8, period_s=1.0, explore_fraction=0.1, refresh_s=5.0)
+    best = max(_rate(LIGHT, k, acceptance=1.0) for k in range(9))
+    now, slow_s = 0.0, 0.0
+    while now < 300:
+        k = policy.choose(1, now)
+        now += LIGHT[k]
+        policy.observe(1, k, k, LIGHT[k], now)  # every draft accepted
+        if now > 60 and _rate(LIGHT, k, acceptance=1.0) < 0.93 * best:
+            slow_s += LIGHT[k]
+    # figures stale every 5 s: it keeps measuring (from k = 4 up to the best, 8, one step at a time)...
+    assert policy._exploring_s > 0.05 * policy._serving_s and slow_s > 0.03 * 240
+    # ...within its share, and after the first minute mostly within the switching margin of the best
+    assert policy._exploring_s < 0.12 * policy._serving_s and slow_s < 0.2 * 240
 
 
-def test_an_unmeasured_batch_size_borrows_the_nearest_round_times() -> None:
+def test_a_close_second_does_not_take_over() -> None:
+    for margin, kept in ((0.03, 4), (0.05, 3)):
+        policy = AdaptiveK(8, prior_weight=0.0, explore_fraction=0.0, switch_margin=margin)
+        for k, seconds in {3: 1.0, 4: 1.2}.items():
+            for _ in range(5):
+                policy.observe(1, k, k, seconds, now=0.0)
+        policy._k = policy._chosen = 3
+        assert policy.estimate(0, 4) > policy.estimate(0, 3)  # 5/1.2 against 4/1.0: 4 % faster...
+        assert policy.choose(1, now=10.0) == kept  # ...beyond a 3 % margin, within 5 %
+
+
+def test_an_explored_k_that_measures_about_as_fast_does_not_stick() -> None:
+    policy = AdaptiveK(8, prior_weight=0.0, explore_fraction=0.0)
+    for k, seconds in {4: 1.0, 5: 1.19}.items():  # k = 5 measured 1 % faster than k = 4...
+        for _ in range(5):
+            policy.observe(1, k, k, seconds, now=0.0)
+    policy._k, policy._chosen = 5, 4  # ...while exploring it from k = 4
+    assert policy.choose(1, now=10.0) == 4
+
+
+def test_an_unmeasured_batch_size_borrows_the_nearest_round_times_scaled() -> None:
     policy = AdaptiveK(8, prior_weight=0.0)
     for k, seconds in {0: 1.0, 1: 1.2, 2: 1.4}.items():
-        for _ in range(5):
+        for _ in range(6):  # three rounds of two sessions
             policy.observe(2, k, k, seconds, now=0.0)  # every draft accepted
-    assert policy.estimate(batch_bucket(3), 2) == pytest.approx(3 / 1.4)
+    assert policy.estimate(batch_bucket(2), 2) == pytest.approx(3 / 1.4)
+    assert policy.estimate(batch_bucket(3), 2) is None  # nothing at 3 yet to compare the two batch sizes by
+    policy._k = policy._chosen = 1
+    policy._decided_at = 0.0
+    assert policy._decide(batch_bucket(3), now=10.0) == 1  # so the current k is measured there first
+    for _ in range(9):
+        policy.observe(3, 1, 1, 1.8, now=0.0)  # k = 1 is 1.5x slower at 3 than at 2...
+    assert policy.estimate(batch_bucket(3), 2) == pytest.approx(3 / (1.4 * 1.5))  # ...so k = 2 is taken to be too
     assert policy.estimate(batch_bucket(3), 5) is None

@@ -1,0 +1,109 @@
+"""`specserve bench`: its flags and what it runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from specserve.bench.load import DEFAULT_MODES
+from specserve.config import EngineConfig
+from specserve.models.loading import DTYPES
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-prompts", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6, 8])
+    parser.add_argument("--no-fp32-draft", action="store_true", help="skip the modes with a float32 draft")
+    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face assisted-generation peer")
+    parser.add_argument("--baseline-dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPES))
+    parser.add_argument("--served", action="store_true", help="also measure the served stack over gRPC")
+    parser.add_argument("--address", help="also measure a running orchestrator at HOST:PORT (same models)")
+    parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", help="instead: closed-loop clients at these concurrencies (served)"
+    )
+    parser.add_argument("--requests-per-client", type=int, default=2, help="with --concurrency")
+    parser.add_argument(
+        "--duration", type=float, metavar="SECONDS", help="with --concurrency: instead of --requests-per-client, "
+        "clients send requests until the end of a timed window and throughput counts the tokens of that window",
+    )  # fmt: skip
+    parser.add_argument(
+        "--warmup", type=float, default=0.0, metavar="SECONDS", help="with --duration: run this long before the window"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="with --concurrency: the modes take turns this many times per load "
+        "(spreads the drift of a shared machine over all modes)",
+    )  # fmt: skip
+    parser.add_argument("--temperature", type=float, default=0.0, help="with --concurrency: 0 = greedy")
+    parser.add_argument(
+        "--request-rate", type=float, nargs="+", help="instead: open-loop Poisson arrivals at these rates (req/s)"
+    )
+    parser.add_argument("--num-requests", type=int, default=16, help="with --request-rate: requests per mode")
+    parser.add_argument(
+        "--categories", nargs="+", default=["code"], help="with --concurrency: code, chat, summarisation, "
+        "translation, 'question answering', maths",
+    )  # fmt: skip
+    parser.add_argument(
+        "--modes", nargs="+", default=list(DEFAULT_MODES), help="with --concurrency/--request-rate: "
+        "target-only, k=N, adaptive, and k=N+stop / adaptive+stop (the draft ends windows on low confidence)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--confidence-threshold", type=float, default=0.3, help="the draft's early stop in the '+stop' modes"
+    )
+
+
+def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
+    """In process (target-only, speculative, the HF peer, optionally served), or a load sweep."""
+    from specserve.bench.report import format_table
+    from specserve.bench.runner import BenchConfig, run_bench
+
+    if args.concurrency or args.request_rate:
+        return _bench_load(args, config)
+
+    cfg = BenchConfig(
+        target=args.target, draft=args.draft, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+        ks=tuple(args.ks), target_dtype=args.target_dtype, draft_quantization=args.draft_quantization,
+        baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_fp32_draft=not args.no_fp32_draft,
+        served=args.served, address=args.address,
+    )  # fmt: skip
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    summary = run_bench(cfg)
+    summary["date"] = started
+    summary["command"] = "specserve " + " ".join(sys.argv[1:])
+    print(format_table(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _bench_load(args: argparse.Namespace, config: EngineConfig) -> int:
+    """Closed-loop clients at each concurrency, or open-loop arrivals at each rate, against the served stack:
+    target-only, k=4, adaptive."""
+    from specserve.bench.load import rate_sweep, sweep
+    from specserve.bench.served import ServedStack
+    from specserve.bench.workloads import workload
+
+    if config.draft is None:
+        raise ValueError("the load sweep compares speculative modes with target-only: it needs a draft")
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    workloads = {category: workload(category, args.num_prompts) for category in args.categories}
+    modes = tuple(args.modes)
+    with ServedStack(config.target, config.draft, args.confidence_threshold) as stack:
+        clients, rows = stack.load_clients, []
+        if args.concurrency:
+            rows += sweep(clients, workloads, args.concurrency, args.max_tokens, args.requests_per_client,
+                          temperature=args.temperature, modes=modes, repeats=args.repeats,
+                          duration_s=args.duration, warmup_s=args.warmup)  # fmt: skip
+        for category, prompts in workloads.items() if args.request_rate else ():
+            rows += rate_sweep(clients, prompts, args.request_rate, args.max_tokens, args.num_requests,
+                               temperature=args.temperature, category=category, modes=modes)  # fmt: skip
+    if args.json:
+        summary = {"date": started, "command": "specserve " + " ".join(sys.argv[1:]), "rows": rows}
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
