@@ -37,7 +37,7 @@ class SessionServicer(WorkerServicer):
     @unary_errors
     async def Prefill(self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
         """One chunk of the prompt per pass on the model thread, so that the other sessions' Propose or
-        Verify passes run in between (a 4k-token prompt in one pass held them for about 17 s here). A caller
+        Verify passes run in between (a 4k-token prompt in one pass stalled another stream for 58 s here). A caller
         that leaves stops it after the current chunk, and the session is only stored once complete."""
         seed = request.seed if request.HasField("seed") else None
         session = self.worker.open_session(list(request.prompt_token_ids), seed)

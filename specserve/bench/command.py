@@ -90,6 +90,8 @@ def _bench_load(args: argparse.Namespace, config: EngineConfig) -> int:
 
     if config.draft is None:
         raise ValueError("the load sweep compares speculative modes with target-only: it needs a draft")
+    if args.repeats < 1 or (args.duration is not None and args.duration <= 0) or args.warmup < 0:
+        raise ValueError("--repeats must be >= 1, --duration > 0 and --warmup >= 0")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     workloads = {category: workload(category, args.num_prompts) for category in args.categories}
     modes = tuple(args.modes)
