@@ -1,6 +1,6 @@
 """Adaptive speculation length from measured round times: per target replica, the k with the most expected
 tokens per second per session at about the current batch size, re-measuring the nearby choices (k - 1,
-k + 1 and target-only, k = 0) now and then, so that k follows load and acceptance.
+k + 1, target-only k = 0, and any close contender) now and then, so that k follows load and acceptance.
 
 A round at k emits E(k) = sum over j = 0..k of a_0 a_1 ... a_(j-1) tokens on average (the recovered/bonus
 token included), a_i being the acceptance of the draft at window position i given that those before it
@@ -73,11 +73,11 @@ class AdaptiveK:
     period_s: float = 1.0
     """Decisions come at most this often (and after a change, only once the new k's figure can be trusted)."""
     refresh_s: float = 30.0
-    """A neighbouring choice is measured again when its figure is older than this (four times longer when
-    it was more than a quarter slower: exploring a bad choice costs more)."""
+    """Another choice is measured again when its figure is older than this (four times longer when it was
+    more than a quarter slower: exploring a bad choice costs more)."""
     explore_fraction: float = 0.1
     """At most this share of the time the replica serves goes to measuring choices other than the best: an
-    exploration lasts a few rounds (the change settling, then two measured), which under load is seconds."""
+    exploration lasts a few rounds (the change settling, then three measured), which under load is seconds."""
     switch_margin: float = 0.05
     """Another measured k replaces the current one only when this much faster: round times are noisy, and
     every change costs a settling round."""
