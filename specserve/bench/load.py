@@ -196,9 +196,7 @@ def run_load(
     run = LoadRun(mode, concurrency, category, temperature, max_tokens=max_tokens)
     lock = threading.Lock()
     started = time.perf_counter()
-    window = Window(started + warmup_s) if duration_s else Window(started)
-    if duration_s:
-        window.end = window.start + duration_s
+    window = Window(started + warmup_s, started + warmup_s + duration_s) if duration_s else Window(started)
 
     def client_loop(index: int) -> None:
         requests = itertools.count() if duration_s else range(requests_per_client)

@@ -34,13 +34,14 @@ class RoundTime:
     batch_size: int
     recent: deque[float] = field(init=False)
     updated_at: float = -math.inf
+    _seconds: float | None = None  # computed once per change: a decision reads every figure many times
 
     def __post_init__(self) -> None:
         self.recent = deque(maxlen=ROUNDS_KEPT * max(2, self.batch_size))
 
     def observe(self, seconds: float, now: float) -> None:
         self.recent.append(seconds)
-        self.updated_at = now
+        self.updated_at, self._seconds = now, None
 
     @property
     def trusted(self) -> bool:
@@ -48,10 +49,11 @@ class RoundTime:
 
     @property
     def seconds(self) -> float:
-        ordered = sorted(self.recent)
-        median = ordered[len(ordered) // 2]
-        kept = [s for s in ordered if s <= STALL * median]
-        return sum(kept) / len(kept)
+        if self._seconds is None:
+            ordered = sorted(self.recent)
+            kept = [s for s in ordered if s <= STALL * ordered[len(ordered) // 2]]
+            self._seconds = sum(kept) / len(kept)
+        return self._seconds
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -150,12 +152,14 @@ class AdaptiveK:
         from the nearest bucket where k was measured, scaled by how round times differ between the two
         (unscaled, a small batch's figure made target-only look fast at 16 clients); None when neither."""
         seconds = self._seconds(bucket, k)
-        for other in sorted((b for b, kk in self.times if kk == k), key=lambda b: abs(b - bucket)):
-            if seconds is not None:
-                break
-            there, scale = self._seconds(other, k), self._scale(bucket, other)
-            seconds = there * scale if there is not None and scale is not None else None
+        if seconds is None:
+            others = sorted((b for b, kk in self.times if kk == k and b != bucket), key=lambda b: abs(b - bucket))
+            seconds = next((s for b in others if (s := self._borrowed(bucket, b, k)) is not None), None)
         return None if seconds is None else self.expected_tokens(k) / max(seconds, 1e-9)
+
+    def _borrowed(self, bucket: int, other: int, k: int) -> float | None:
+        there, scale = self._seconds(other, k), self._scale(bucket, other)
+        return there * scale if there is not None and scale is not None else None
 
     def _scale(self, bucket: int, other: int) -> float | None:
         """Round times at `bucket` over those at `other`, from a k measured at both (the current one if it is)."""
