@@ -26,6 +26,7 @@ import grpc
 from orchestrator.admission import Admission
 from orchestrator.remote import DraftClient, PassReport, TargetClient
 from orchestrator.replicas import Replica, ReplicaPool
+from specserve.core.adaptive import AdaptiveK
 from specserve.core.loop import Decode, SpeculativeDecoder, StopConditions
 from specserve.core.stats import SpeculationStats
 from specserve.core.types import Proposal, SamplingParams, Verdict
@@ -269,9 +270,9 @@ class RemoteRequest:
             ready = await self._settle_predraft(predraft, proposal, verdict)
             if ready is None and proposal.token_ids:  # the draft held the context; its accepted drafts match
                 self._draft_valid = context_length + verdict.num_accepted
-            if self.plan.adaptive and self.target is not None:  # the whole round, waits and overlap included
+            if (policy := self._adaptive_k()) is not None:  # the whole round, waits and overlap included
                 now = time.perf_counter()
-                self.target.adaptive_k(self.plan.k).observe(
+                policy.observe(
                     self._batch_size(), len(proposal.token_ids), verdict.num_accepted, now - round_ended, now
                 )
                 round_ended = now
@@ -281,9 +282,15 @@ class RemoteRequest:
 
     def _next_k(self) -> int | None:
         """The decoder's next window, its k chosen by the adaptive policy first when there is one."""
-        if self.plan.adaptive and self.target is not None and self.plan.k > 0:
-            self.decoder.k = self.target.adaptive_k(self.plan.k).choose(self._batch_size(), time.perf_counter())
+        if (policy := self._adaptive_k()) is not None:
+            self.decoder.k = policy.choose(self._batch_size(), time.perf_counter())
         return self.decoder.next_k()
+
+    def _adaptive_k(self) -> AdaptiveK | None:
+        """The policy of the session's target replica, if this request follows one."""
+        if self.plan.adaptive and self.target is not None and self.plan.k > 0:
+            return self.target.adaptive_k(self.plan.k)
+        return None
 
     def _batch_size(self) -> int:
         return max(1, self.target.num_sessions if self.target is not None else 1)
@@ -329,9 +336,13 @@ class RemoteRequest:
         return proposal
 
     def _start_predraft(self, proposal: Proposal) -> asyncio.Task[tuple[Proposal, PassReport] | None] | None:
-        """Draft the window after this one, guessing all of it is accepted plus the draft's own bonus."""
-        k = len(proposal.token_ids)
-        if self.draft is None or k == 0:
+        """Draft the window after this one, guessing all of it is accepted plus the draft's own bonus. As
+        long as the adaptive policy's k now, not this round's: a window pre-drafted at this round's length
+        kept a raised k from taking effect until the first rejection, which at a small k with high
+        acceptance could be many rounds, and the policy's explorations of deeper windows measured nothing."""
+        policy = self._adaptive_k()
+        k = policy.k if policy is not None else len(proposal.token_ids)
+        if self.draft is None or not proposal.token_ids or k == 0:
             return None
         self.pipeline.num_predrafts += 1
         client = self.draft.client

@@ -18,9 +18,11 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-ACCEPTANCE_DECAY = 0.98  # acceptance: about the last fifty rounds count
+ACCEPTANCE_DECAY = 0.98  # acceptance: about the last fifty examinations of a position count
 ROUNDS_KEPT = 8  # round times: about the last eight rounds of the batch count
-ROUNDS_TRUSTED = 3  # ...and a figure is trusted after three
+ROUNDS_TRUSTED = 3  # ...and a figure is trusted after three...
+MIN_TRUSTED = 8  # ...and at least eight session rounds: at one client a round is a pre-draft hit or a miss
+# (0.35 or 0.53 s at k = 4), and three left a standard error of about 13%, more than k = 3..6 differ by
 STALL = 2.0  # a round this many times the median stalled (another request's prefill held the model)
 
 
@@ -45,7 +47,7 @@ class RoundTime:
 
     @property
     def trusted(self) -> bool:
-        return len(self.recent) >= ROUNDS_TRUSTED * self.batch_size
+        return len(self.recent) >= trusted_after(self.batch_size)
 
     @property
     def seconds(self) -> float:
@@ -54,6 +56,11 @@ class RoundTime:
             kept = [s for s in ordered if s <= STALL * ordered[len(ordered) // 2]]
             self._seconds = sum(kept) / len(kept)
         return self._seconds
+
+
+def trusted_after(batch_size: int) -> int:
+    """Session rounds a round-time figure needs to be trusted."""
+    return max(MIN_TRUSTED, ROUNDS_TRUSTED * batch_size)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -79,7 +86,9 @@ class AdaptiveK:
     more than a quarter slower: exploring a bad choice costs more)."""
     explore_fraction: float = 0.1
     """At most this share of the time the replica serves goes to measuring choices other than the best: an
-    exploration lasts a few rounds (the change settling, then three measured), which under load is seconds."""
+    exploration lasts a few rounds (the change settling, then enough measured to trust), which under load is
+    seconds. An exploration that finds a faster k is not charged: a slope of k is then climbed step after
+    step."""
     switch_margin: float = 0.05
     """Another measured k replaces the current one only when this much faster: round times are noisy, and
     every change costs a settling round."""
@@ -96,22 +105,42 @@ class AdaptiveK:
     _exploring: bool = False
     _serving_s: float = 0.0
     _exploring_s: float = 0.0
+    """Serving time spent on explorations that did not find a faster k."""
+    _this_exploration_s: float = 0.0
+    _fresh: int = 0
+    """Rounds measured at the current k since it was set."""
     _seen_at: float = -math.inf
     _last_round_s: float = 0.0
     _settled_at: float = -math.inf
 
+    def __post_init__(self) -> None:
+        self._k = self._chosen = min(self.initial_k, self.max_k)
+
+    @property
+    def k(self) -> int:
+        """The k chosen last (what sessions draft now)."""
+        return self._k
+
     def acceptance(self, position: int) -> float:
-        """a_i: acceptance at window position i given the drafts before it were accepted, with a prior;
-        positions never examined take the deepest one measured."""
-        i = min(position, len(self.examined_at) - 1)
-        accepted = (self.accepted_at[i] if i >= 0 else 0.0) + self.prior_weight * self.prior_acceptance
-        return accepted / ((self.examined_at[i] if i >= 0 else 0.0) + self.prior_weight)
+        """a_i: acceptance at window position i given the drafts before it were accepted."""
+        return self.acceptances(position + 1)[position]
+
+    def acceptances(self, k: int) -> list[float]:
+        """a_0 .. a_(k-1), each measured figure pulled toward the position before it (`prior_acceptance` for
+        the first) with `prior_weight`: a position rarely examined (deeper than the windows lately) takes
+        about the acceptance of the one before it (acceptance comes in runs: if anything an underestimate)."""
+        rates, prior = [], self.prior_acceptance
+        for i in range(k):
+            if i < len(self.examined_at) and self.examined_at[i] + self.prior_weight > 0:
+                prior = (self.accepted_at[i] + self.prior_weight * prior) / (self.examined_at[i] + self.prior_weight)
+            rates.append(prior)
+        return rates
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a round at k emits on average, the recovered/bonus token included."""
         tokens, reach = 1.0, 1.0
-        for i in range(k):
-            reach *= self.acceptance(i)
+        for rate in self.acceptances(k):
+            reach *= rate
             tokens += reach
         return tokens
 
@@ -122,12 +151,12 @@ class AdaptiveK:
             grow = k - len(self.examined_at)
             self.examined_at.extend([0.0] * grow)
             self.accepted_at.extend([0.0] * grow)
-            for i in range(len(self.examined_at)):
-                self.examined_at[i] *= ACCEPTANCE_DECAY
-                self.accepted_at[i] *= ACCEPTANCE_DECAY
-            for i in range(min(num_accepted + 1, k)):  # examined up to the first rejection
-                self.examined_at[i] += 1.0
-                self.accepted_at[i] += i < num_accepted
+            # Examined up to the first rejection; each position's figure decays over its own examinations,
+            # not over all rounds: decayed while k stayed below it, a deep position fell back to the prior,
+            # which made deep windows look worse than they were and kept k small (k = 2 where 4 was best).
+            for i in range(min(num_accepted + 1, k)):
+                self.examined_at[i] = ACCEPTANCE_DECAY * self.examined_at[i] + 1.0
+                self.accepted_at[i] = ACCEPTANCE_DECAY * self.accepted_at[i] + (i < num_accepted)
         self._last_round_s = seconds
         if now - seconds < self._settled_at:
             # Started while other sessions still ran the previous k: in one batched pass their tokens set
@@ -135,17 +164,28 @@ class AdaptiveK:
             return
         key = (batch_bucket(batch_size), min(k, self.max_k))
         self.times.setdefault(key, RoundTime(batch_size)).observe(seconds, now)
+        if k == self._k:
+            self._fresh += 1
 
     def choose(self, batch_size: int, now: float) -> int:
         self._count_time(now)
-        # a new k stands until the rounds in flight at the change have ended and enough were measured
-        settled = now >= self._settled_at + ROUNDS_TRUSTED * self._last_round_s
-        if now - self._decided_at >= self.period_s and settled:
+        if now - self._decided_at >= self.period_s and self._settled(batch_size, now):
             k = self._decide(batch_bucket(batch_size), now)
             if k != self._k:
-                self._settled_at = now + self._last_round_s
+                self._settled_at, self._fresh = now + self._last_round_s, 0
             self._k, self._decided_at = k, now
         return self._k
+
+    def _settled(self, batch_size: int, now: float) -> bool:
+        """A new k stands until the rounds in flight at the change have ended and enough rounds were measured
+        at it to trust its figure (or four times as long as that takes, should rounds stop being measured):
+        at 8 clients an exploration that ended after a fixed three round times (or twice that) had often too
+        few rounds to be trusted, another request's prefill having stalled one, so it measured nothing."""
+        if now < self._settled_at:
+            return False
+        needed = trusted_after(batch_size)
+        waited_rounds = (now - self._settled_at) / max(self._last_round_s, 1e-9)
+        return self._fresh >= needed or waited_rounds >= 4 * needed / batch_size
 
     def estimate(self, bucket: int, k: int) -> float | None:
         """Expected tokens per second per session at (bucket, k): from its round time at this bucket, else
@@ -178,15 +218,17 @@ class AdaptiveK:
         gap = now - self._seen_at
         serving = gap if 0.0 <= gap <= 5.0 else 0.0
         self._serving_s += serving
-        self._exploring_s += serving if self._exploring else 0.0
+        self._this_exploration_s += serving if self._exploring else 0.0
         self._seen_at = now
 
     def _decide(self, bucket: int, now: float) -> int:
         estimates = {k: self.estimate(bucket, k) for k in range(self.max_k + 1)}
         known = {k: rate for k, rate in estimates.items() if rate is not None}
+        explored = self._k if self._exploring else None
         self._exploring = False
         if not known:  # a batch size nothing was measured at yet: measure the chosen k there first
-            return self._chosen if self._decided_at > -math.inf else min(self.initial_k, self.max_k)
+            self._charge_exploration(won=False)
+            return self._chosen
         best = measured_best = max(known, key=lambda k: known[k])
         chosen = known.get(self._chosen)
         if chosen is not None and self._seconds(bucket, self._chosen) is not None:
@@ -195,6 +237,9 @@ class AdaptiveK:
             if known[best] <= (1 + self.switch_margin) * chosen:
                 best = self._chosen
         self._chosen = best
+        # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
+        # step at a time (k = 1 to 4 at one client) then takes seconds, not a minute of rationed steps.
+        self._charge_exploration(won=explored == best)
         budget = self.explore_fraction * self._serving_s
         if budget <= 0.0 or self._exploring_s > budget:
             return best
@@ -208,7 +253,13 @@ class AdaptiveK:
         if not due:
             return best
         self._exploring = True
-        return min(due, key=lambda k: self._updated_at(bucket, k))
+        # the stalest first; between two never measured, a neighbour before target-only (which, from k = 1
+        # at one client, spent the budget on a slow k = 0 before the climb to deeper windows could start)
+        return min(due, key=lambda k: (self._updated_at(bucket, k), k == 0))
+
+    def _charge_exploration(self, won: bool) -> None:
+        self._exploring_s += 0.0 if won else self._this_exploration_s
+        self._this_exploration_s = 0.0
 
     def _due(self, bucket: int, k: int, best_rate: float, estimate: float | None, now: float) -> bool:
         round_time = self.times.get((bucket, k))
@@ -220,5 +271,3 @@ class AdaptiveK:
     def _updated_at(self, bucket: int, k: int) -> float:
         round_time = self.times.get((bucket, k))
         return round_time.updated_at if round_time is not None else -math.inf
-
-

@@ -68,3 +68,19 @@ def test_the_draft_catches_up_after_target_only_rounds(
             num_checked += 1
         draft_context += list(answer.token_ids)  # its proposals, checked by the target next
     assert num_checked >= 3
+
+
+def test_a_raised_k_takes_effect_while_predrafts_hit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window is pre-drafted at the policy's k of the moment, not the running round's: drafted at the
+    round's length, a k raised from 1 waited for a rejection that, with every guess right, never came."""
+    decisions = itertools.chain([1, 1, 1], itertools.repeat(4))
+
+    def choose(self: AdaptiveK, batch_size: int, now: float) -> int:
+        self._k = next(decisions)
+        return self._k
+
+    monkeypatch.setattr(AdaptiveK, "choose", choose)
+    with LocalStack(draft="tiny") as stack, SpecServeClient(stack.address) as client:  # the draft is the target
+        stats = client.generate("def add(a, b):", max_tokens=40, ignore_eos=True).stats
+    assert stats.draft_hidden_ms > 0  # pre-drafts hit
+    assert len(stats.proposed_at_position) == 4 and stats.proposed_at_position[3] >= 4

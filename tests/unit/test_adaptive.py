@@ -71,6 +71,22 @@ def test_expected_tokens_from_per_position_acceptance() -> None:
     assert runs.acceptance(7) == runs.acceptance(3)  # never examined: the deepest measured position
 
 
+def test_a_deep_position_keeps_its_figure_while_windows_stay_short() -> None:
+    policy = AdaptiveK(8)
+    for _ in range(50):
+        policy.observe(1, 4, 4, 0.5, now=0.0)  # deep windows, all accepted
+    deep = policy.acceptance(3)
+    assert deep > 0.95
+    for _ in range(200):
+        policy.observe(1, 2, 1, 0.3, now=0.0)  # then short ones: position 3 is not examined
+    assert policy.acceptance(3) == pytest.approx(deep, abs=0.01)  # not decayed back toward the prior (0.7)
+    assert policy.acceptance(1) < 0.1  # a position examined takes its new figure
+    fresh = AdaptiveK(8, prior_acceptance=0.5)
+    for _ in range(50):
+        fresh.observe(1, 1, 1, 0.3, now=0.0)
+    assert fresh.acceptance(5) == fresh.acceptance(0) > 0.95  # never examined: the position before it
+
+
 def test_round_time_is_the_mean_of_recent_rounds_without_stalls() -> None:
     round_time = RoundTime(batch_size=4)
     for _ in range(11):
@@ -81,6 +97,12 @@ def test_round_time_is_the_mean_of_recent_rounds_without_stalls() -> None:
     for _ in range(32):
         round_time.observe(2.0, now=3.0)  # eight rounds of four later, the past is gone
     assert round_time.seconds == 2.0
+    alone = RoundTime(batch_size=1)
+    for _ in range(7):
+        alone.observe(0.3, now=1.0)
+    assert not alone.trusted  # one session: at least eight rounds (three were too noisy at one client)
+    alone.observe(0.3, now=1.0)
+    assert alone.trusted
 
 
 def test_batch_buckets_group_nearby_sizes() -> None:
@@ -143,15 +165,19 @@ def test_a_replica_decides_once_per_period() -> None:
 
 
 def test_rounds_that_straddle_a_change_of_k_are_not_measured() -> None:
-    policy = AdaptiveK(8, period_s=1.0)
-    policy.observe(16, 4, 4, 2.0, now=0.0)  # rounds of 2 s at k = 4...
-    assert policy.choose(16, now=0.0) == 4  # ...and the first decision switches k from 0 to 4
-    policy.observe(16, 4, 4, 2.0, now=1.0)  # started at -1.0, before the change: not measured
-    assert len(policy.times[(batch_bucket(16), 4)].recent) == 1
-    assert policy.choose(16, now=7.5) == 4  # no decision until three rounds after the last old one ended
-    assert policy._decided_at == 0.0
-    policy.observe(16, 4, 4, 2.0, now=4.5)  # started at 2.5, after it: measured
-    assert len(policy.times[(batch_bucket(16), 4)].recent) == 2
+    policy = AdaptiveK(8, period_s=1.0, explore_fraction=0.0, prior_weight=0.0)
+    for k, seconds in {4: 2.0, 2: 1.0}.items():
+        for _ in range(48):  # three rounds of sixteen sessions at each, every draft accepted
+            policy.observe(16, k, k, seconds, now=0.0)
+    assert policy.choose(16, now=10.0) == 2  # 3 tokens/s per session against 2.5 at k = 4
+    measured = policy.times[(batch_bucket(16), 2)]
+    policy.observe(16, 4, 4, 2.0, now=11.0)  # a round at the old k: not measured
+    policy.observe(16, 2, 2, 1.0, now=11.5)  # started at 10.5, while the old k's rounds were in flight
+    assert len(measured.recent) == 48
+    policy.observe(16, 2, 2, 1.0, now=12.5)  # started after they ended: measured
+    assert len(measured.recent) == 49
+    policy.choose(16, now=14.0)
+    assert policy._decided_at == 10.0  # no decision until three rounds were measured at the new k
 
 
 def test_exploring_takes_at_most_its_share_of_the_serving_time() -> None:
@@ -166,15 +192,16 @@ def test_exploring_takes_at_most_its_share_of_the_serving_time() -> None:
             slow_s += LIGHT[k]
     # figures stale every 5 s: it keeps measuring (from k = 4 up to the best, 8, one step at a time)...
     assert policy._exploring_s > 0.05 * policy._serving_s and slow_s > 0.03 * 240
-    # ...within its share, and after the first minute mostly within the switching margin of the best
-    assert policy._exploring_s < 0.12 * policy._serving_s and slow_s < 0.2 * 240
+    # ...within its share, and after the first minute mostly within the switching margin of the best (an
+    # exploration lasts eight rounds at one client, so the climb from k = 4 takes a minute or two here)
+    assert policy._exploring_s < 0.12 * policy._serving_s and slow_s < 0.3 * 240
 
 
 def test_a_close_second_does_not_take_over() -> None:
     for margin, kept in ((0.03, 4), (0.05, 3)):
         policy = AdaptiveK(8, prior_weight=0.0, explore_fraction=0.0, switch_margin=margin)
         for k, seconds in {3: 1.0, 4: 1.2}.items():
-            for _ in range(5):
+            for _ in range(8):  # trusted
                 policy.observe(1, k, k, seconds, now=0.0)
         policy._k = policy._chosen = 3
         assert policy.estimate(0, 4) > policy.estimate(0, 3)  # 5/1.2 against 4/1.0: 4 % faster...
@@ -184,7 +211,7 @@ def test_a_close_second_does_not_take_over() -> None:
 def test_an_explored_k_that_measures_about_as_fast_does_not_stick() -> None:
     policy = AdaptiveK(8, prior_weight=0.0, explore_fraction=0.0)
     for k, seconds in {4: 1.0, 5: 1.19}.items():  # k = 5 measured 1 % faster than k = 4...
-        for _ in range(5):
+        for _ in range(8):
             policy.observe(1, k, k, seconds, now=0.0)
     policy._k, policy._chosen = 5, 4  # ...while exploring it from k = 4
     assert policy.choose(1, now=10.0) == 4
@@ -193,7 +220,7 @@ def test_an_explored_k_that_measures_about_as_fast_does_not_stick() -> None:
 def test_an_unmeasured_batch_size_borrows_the_nearest_round_times_scaled() -> None:
     policy = AdaptiveK(8, prior_weight=0.0)
     for k, seconds in {0: 1.0, 1: 1.2, 2: 1.4}.items():
-        for _ in range(6):  # three rounds of two sessions
+        for _ in range(8):  # four rounds of two sessions: eight session rounds, trusted
             policy.observe(2, k, k, seconds, now=0.0)  # every draft accepted
     assert policy.estimate(batch_bucket(2), 2) == pytest.approx(3 / 1.4)
     assert policy.estimate(batch_bucket(3), 2) is None  # nothing at 3 yet to compare the two batch sizes by
@@ -204,3 +231,37 @@ def test_an_unmeasured_batch_size_borrows_the_nearest_round_times_scaled() -> No
         policy.observe(3, 1, 1, 1.8, now=0.0)  # k = 1 is 1.5x slower at 3 than at 2...
     assert policy.estimate(batch_bucket(3), 2) == pytest.approx(3 / (1.4 * 1.5))  # ...so k = 2 is taken to be too
     assert policy.estimate(batch_bucket(3), 5) is None
+
+
+def test_the_initial_k_stands_until_it_is_measured() -> None:
+    policy = AdaptiveK(8)
+    assert policy.choose(1, now=0.0) == 4
+    policy.observe(1, 4, 4, 0.4, now=0.1)  # one round: too few to trust
+    assert policy.choose(1, now=2.0) == 4  # nothing trusted yet: not target-only (k once fell to 0 here)
+
+
+def test_climbing_to_a_deeper_k_takes_seconds() -> None:
+    """Started at k = 1 where every step up is more than the switching margin faster: explorations that
+    find a faster k are not charged to the exploring budget, so the climb is not rationed (charged, it
+    reached k = 3 in these 30 s)."""
+    steep = {k: 0.25 + 0.03 * k for k in range(9)}  # verification nearly free per token, the draft hidden
+    assert all(_rate(steep, k + 1, 0.95) > 1.05 * _rate(steep, k, 0.95) for k in range(5))
+    ks = _run(AdaptiveK(8, initial_k=1), steep, batch_size=1, duration_s=30, acceptance=0.95)
+    assert _share(ks, {5, 6, 7, 8}) > 0.8
+
+
+def test_an_exploration_lasts_until_its_rounds_can_be_trusted() -> None:
+    policy = AdaptiveK(8, explore_fraction=1.0)
+    for _ in range(24):  # three rounds of eight sessions at k = 4
+        policy.observe(8, 4, 3, 1.0, now=0.5)
+    assert policy.choose(8, now=0.0) == 4
+    explored = policy.choose(8, now=1.0)
+    assert explored != 4
+    for i in range(16):  # two rounds at the explored k, started after those in flight at the change
+        policy.observe(8, explored, 3, 1.0, now=3.0 + i / 8)
+    assert policy.choose(8, now=5.0) == explored  # three round times passed, but two rounds measured
+    assert policy._decided_at == 1.0
+    for _ in range(8):
+        policy.observe(8, explored, 3, 1.0, now=5.0)
+    policy.choose(8, now=5.1)
+    assert policy._decided_at == 5.1  # the third round measured: decided
