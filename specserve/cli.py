@@ -496,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "scale":
             return cmd_scale(args)
         if args.command == "bench":
+            signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwinds like Ctrl-C: its workers stop too
             return cmd_bench(args, _engine_config(args))
         if args.command == "certs":
             return cmd_certs(args)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specserve.bench.load import DEFAULT_MODES
 from specserve.config import EngineConfig
-from specserve.models.loading import DTYPES
+from specserve.models.loading import DTYPES, load_model
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,13 +52,23 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "target-only, k=N, adaptive, and k=N+stop / adaptive+stop (the draft ends windows on low confidence)",
     )  # fmt: skip
     parser.add_argument(
-        "--confidence-threshold", type=float, default=0.3, help="the draft's early stop in the '+stop' modes"
-    )
+        "--confidence-threshold", type=float, default=0.3,
+        help="the draft's early stop in the '+stop' modes and with --early-stop",
+    )  # fmt: skip
+    parser.add_argument(
+        "--early-stop", action="store_true", help="in process: also run each k with the draft's early stop at "
+        "--confidence-threshold (HF's default schedule: 0.4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--check-ties", action="store_true", help="with --concurrency/--request-rate, greedy: afterwards, load the "
+        "target here and check that every output departing from target-only's does so at a near-tie of the "
+        "target's top two logits (exit status 1 if one does not)",
+    )  # fmt: skip
 
 
 def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
     """In process (target-only, speculative, the HF peer, optionally served), or a load sweep."""
-    from specserve.bench.report import format_table
+    from specserve.bench.report import format_table, machine
     from specserve.bench.runner import BenchConfig, run_bench
 
     if args.concurrency or args.request_rate:
@@ -68,12 +78,13 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
         target=args.target, draft=args.draft, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
         ks=tuple(args.ks), target_dtype=args.target_dtype, draft_quantization=args.draft_quantization,
         baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_fp32_draft=not args.no_fp32_draft,
-        served=args.served, address=args.address,
+        served=args.served, address=args.address, stop_threshold=args.confidence_threshold if args.early_stop else 0.0,
     )  # fmt: skip
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     summary = run_bench(cfg)
     summary["date"] = started
     summary["command"] = "specserve " + " ".join(sys.argv[1:])
+    summary["machine"] = machine()
     print(format_table(summary))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
@@ -84,7 +95,8 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
 def _bench_load(args: argparse.Namespace, config: EngineConfig) -> int:
     """Closed-loop clients at each concurrency, or open-loop arrivals at each rate, against the served stack:
     target-only, k=4, adaptive."""
-    from specserve.bench.load import rate_sweep, sweep
+    from specserve.bench.load import Compared, check_departures, rate_sweep, sweep
+    from specserve.bench.report import machine
     from specserve.bench.served import ServedStack
     from specserve.bench.workloads import workload
 
@@ -94,18 +106,29 @@ def _bench_load(args: argparse.Namespace, config: EngineConfig) -> int:
         raise ValueError("--repeats must be >= 1, --duration > 0 and --warmup >= 0")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     workloads = {category: workload(category, args.num_prompts) for category in args.categories}
+    if args.check_ties and args.temperature != 0:
+        raise ValueError("--check-ties compares greedy outputs: it needs --temperature 0")
     modes = tuple(args.modes)
+    compared: list[Compared] | None = [] if args.check_ties else None
     with ServedStack(config.target, config.draft, args.confidence_threshold) as stack:
         clients, rows = stack.load_clients, []
         if args.concurrency:
             rows += sweep(clients, workloads, args.concurrency, args.max_tokens, args.requests_per_client,
                           temperature=args.temperature, modes=modes, repeats=args.repeats,
-                          duration_s=args.duration, warmup_s=args.warmup)  # fmt: skip
+                          duration_s=args.duration, warmup_s=args.warmup, compared=compared)  # fmt: skip
         for category, prompts in workloads.items() if args.request_rate else ():
             rows += rate_sweep(clients, prompts, args.request_rate, args.max_tokens, args.num_requests,
-                               temperature=args.temperature, category=category, modes=modes)  # fmt: skip
+                               temperature=args.temperature, category=category, modes=modes,
+                               compared=compared)  # fmt: skip
+    real_departures = 0
+    if compared is not None:  # the workers have stopped: the target is loaded here alone
+        real_departures = check_departures(load_model(config.target), compared)
     if args.json:
-        summary = {"date": started, "command": "specserve " + " ".join(sys.argv[1:]), "rows": rows}
+        command = "specserve " + " ".join(sys.argv[1:])
+        summary = {"date": started, "command": command, "machine": machine(), "rows": rows}
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {args.json}")
+    if real_departures:
+        print(f"NOT LOSSLESS: {real_departures} outputs departed from target-only away from a near-tie")
+        return 1
     return 0

@@ -21,6 +21,7 @@ from orchestrator.client import SpecServeClient, build_request
 
 if TYPE_CHECKING:
     from protos import specserve_pb2 as pb
+    from specserve.models.loading import LoadedModel
 
 DEFAULT_MODES = ("target-only", "k=4", "adaptive")
 EARLY_STOP = "+stop"  # mode suffix: served by the orchestrator whose draft ends windows on low confidence
@@ -94,6 +95,7 @@ class LoadRun:
     counted_tokens: int = 0
     """Tokens received in the measured window, from finished and cut-off requests alike."""
     outputs: dict[RequestKey, list[int]] = field(default_factory=dict)  # finished requests only
+    prompts: dict[RequestKey, Prompt] = field(default_factory=dict)  # of the finished requests
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)
@@ -123,6 +125,7 @@ class LoadRun:
         self.seconds += other.seconds
         self.counted_tokens += other.counted_tokens
         self.outputs.update(other.outputs)
+        self.prompts.update(other.prompts)
         self.latencies += other.latencies
         self.ttfts += other.ttfts
         self.tpots += other.tpots
@@ -172,6 +175,9 @@ class LoadRun:
             "identical_to_target_only": identical,
             "compared_to_target_only": compared,
         }
+
+
+Compared = tuple[dict, LoadRun, LoadRun]  # (summary row, run, the target-only run at the same load)
 
 
 def run_load(
@@ -296,6 +302,7 @@ def _request(
     with lock:
         run.counted_tokens += counted
         run.outputs[key] = token_ids
+        run.prompts[key] = prompt
         if max_tokens == run.max_tokens or not run.max_tokens:  # a timed run's shortened first requests: not
             latency, ttft = time.perf_counter() - started, ttft or 0.0  # in the latency figures
             run.latencies.append(latency)
@@ -317,10 +324,12 @@ def sweep(
     repeats: int = 1,
     duration_s: float | None = None,
     warmup_s: float = 0.0,
+    compared: list[Compared] | None = None,
 ) -> list[dict]:
     """Every mode at every concurrency for every workload; per (workload, concurrency) the modes take turns
     `repeats` times (on a shared machine the speed drifts: taking turns spreads the drift over all modes);
-    target-only runs first (the reference), whether asked for or not."""
+    target-only runs first (the reference), whether asked for or not. `compared` collects each row with
+    its run and the reference, for check_departures()."""
     rows = []
     for category, prompts in workloads.items():
         for concurrency in concurrencies:
@@ -338,6 +347,8 @@ def sweep(
             reference = runs["target-only"]
             for run in runs.values():
                 rows.append(run.summary(reference))
+                if compared is not None:
+                    compared.append((rows[-1], run, reference))
                 if log:
                     print(format_row(rows[-1]), flush=True)
     return rows
@@ -353,8 +364,9 @@ def rate_sweep(
     temperature: float = 0.0,
     category: str = "code",
     modes: tuple[str, ...] = DEFAULT_MODES,
+    compared: list[Compared] | None = None,
 ) -> list[dict]:
-    """Every mode at every request rate (the same arrival times for every mode)."""
+    """Every mode at every request rate (the same arrival times for every mode); `compared` as for sweep()."""
     rows = []
     for rate in request_rates:
         reference = None
@@ -362,9 +374,70 @@ def rate_sweep(
             run = run_rate(clients, mode, rate, prompts, max_tokens, num_requests, category, temperature)
             reference = reference or run
             rows.append(run.summary(reference))
+            if compared is not None:
+                compared.append((rows[-1], run, reference))
             if log:
                 print(format_row(rows[-1]), flush=True)
     return rows
+
+
+def check_departures(target: LoadedModel, compared: list[Compared], log: bool = True) -> int:
+    """Greedy runs: every output, target-only's included, against target-only decoding at batch 1 (done
+    here once per prompt, the target loaded in this process). Where one departs, was it at a near-tie of
+    the target's top two logits (batched and bfloat16 passes may round either way there, and nowhere
+    else)? Adds `departures`, `near_tie_departures` and `divergences` to each row; returns how many
+    departures were not near-ties (a lossless server has none)."""
+    from tqdm import tqdm
+
+    from specserve.bench.lossless import ReferenceDecoder, first_difference, first_divergence
+
+    checked = [(row, run) for row, run, _ in compared if run.temperature == 0]
+    token_ids: dict[Prompt, list[int]] = {}
+    lengths: dict[Prompt, int] = {}  # the longest output to check per prompt
+    for _, run in checked:
+        for key, output in run.outputs.items():
+            prompt = run.prompts[key]
+            lengths[prompt] = max(lengths.get(prompt, 0), len(output))
+    decoder = ReferenceDecoder(target)
+    greedy: dict[Prompt, list[int]] = {}
+    with tqdm(total=sum(lengths.values()), desc="batch-1 target-only", unit="tok", disable=not log) as bar:
+        for prompt, length in lengths.items():
+            token_ids[prompt], greedy[prompt] = _prompt_token_ids(target, prompt), []
+            for _ in range(length):  # one pass per token on the decoder's cache
+                greedy[prompt].append(int(decoder.logits(token_ids[prompt], greedy[prompt]).argmax()))
+                bar.update()
+    departing = []  # (prompt, position, output, row)
+    for row, run in checked:
+        row["divergences"] = []
+        for key, output in run.outputs.items():
+            prompt = run.prompts[key]
+            position = first_difference(greedy[prompt][: len(output)], output)
+            if position is not None:
+                departing.append((prompt, position, output, row))
+    departing.sort(key=lambda d: (d[0], -d[1]))  # per prompt, later places first: each costs one pass
+    for prompt, _, output, row in departing:
+        divergence = first_divergence(decoder, token_ids[prompt], greedy[prompt][: len(output)], output)
+        assert divergence is not None  # it departs
+        row["divergences"].append(divergence.to_dict())
+    real = 0
+    for row, _ in checked:
+        row["departures"] = len(row["divergences"])
+        row["near_tie_departures"] = sum(d["near_tie"] for d in row["divergences"])
+        real += row["departures"] - row["near_tie_departures"]
+        if log:
+            print(f"{row['category']:18} {_load_label(row):7} {row['mode']:12} departures from batch-1 target-only "
+                  f"{row['departures']}, at near-ties {row['near_tie_departures']}", flush=True)  # fmt: skip
+    return real
+
+
+def _prompt_token_ids(target: LoadedModel, prompt: Prompt) -> list[int]:
+    """As the orchestrator tokenizes the request _request() sends."""
+    from specserve.config import GenerationRequest
+    from specserve.prompts import tokenize_request
+
+    text, chat = prompt
+    request = GenerationRequest(messages=(("user", text),)) if chat else GenerationRequest(prompt=text)
+    return tokenize_request(target.tokenizer, request, target.max_context, target.vocab_size)
 
 
 def _with_reference(modes: tuple[str, ...]) -> list[str]:

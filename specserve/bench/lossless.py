@@ -53,33 +53,60 @@ def first_difference(reference: Sequence[int], candidate: Sequence[int]) -> int 
     return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
 
 
-@torch.inference_mode()
+class ReferenceDecoder:
+    """The target's logits after prompt + generated, computed as target-only decoding does: the prompt but
+    its last token in one pass, then one token per pass. One cache per prompt is kept and cut back to the
+    part a new prefix shares with the last one (the same passes, so the same numbers): checking many
+    outputs of the same prompts costs about one decode per prompt, not one per output."""
+
+    def __init__(self, target: LoadedModel) -> None:
+        self.target = target
+        self._sequences: dict[tuple[int, ...], CachedSequence] = {}
+
+    @torch.inference_mode()
+    def logits(self, prompt_token_ids: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
+        """float32 logits [vocab] after prompt + generated."""
+        prompt = tuple(prompt_token_ids)
+        tokens = [*prompt, *generated]
+        sequence = self._sequences.get(prompt)
+        if sequence is None:
+            sequence = self._sequences[prompt] = CachedSequence(self.target.model, list(prompt))
+            if len(prompt) > 1:
+                sequence.feed(1, upto=len(prompt) - 1)
+        shared = len(prompt) - 1 + _common_length(sequence.token_ids[len(prompt) - 1 :], tokens[len(prompt) - 1 :])
+        sequence.truncate(min(shared, len(tokens) - 1))  # the last token is fed again: its logits are the answer
+        sequence.token_ids.extend(tokens[len(sequence.token_ids) :])
+        for end in range(sequence.num_cached + 1, len(tokens) + 1):
+            logits = sequence.feed(1, upto=end)  # [1, vocab]
+        return logits[-1].float()
+
+
 def reference_logits(target: LoadedModel, prompt_token_ids: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
-    """float32 logits [vocab] after prompt + generated, computed as target-only decoding does: the
-    prompt but its last token in one pass, then one token per pass."""
-    num_prompt = len(prompt_token_ids)
-    sequence = CachedSequence(target.model, list(prompt_token_ids) + list(generated))
-    if num_prompt > 1:
-        sequence.feed(1, upto=num_prompt - 1)
-    for end in range(num_prompt, len(sequence.token_ids) + 1):
-        logits = sequence.feed(1, upto=end)  # [1, vocab]
-    return logits[-1].float()
+    """float32 logits [vocab] after prompt + generated, computed as target-only decoding does."""
+    return ReferenceDecoder(target).logits(prompt_token_ids, generated)
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    difference = first_difference(a, b)
+    return min(len(a), len(b)) if difference is None else difference
 
 
 def first_divergence(
-    target: LoadedModel,
+    target: LoadedModel | ReferenceDecoder,
     prompt_token_ids: Sequence[int],
     reference: Sequence[int],
     candidate: Sequence[int],
     tolerance: float | None = None,
 ) -> Divergence | None:
-    """None when equal; else the target's view of the first differing position."""
+    """None when equal; else the target's view of the first differing position. Pass a ReferenceDecoder
+    to check many outputs of the same prompts."""
     position = first_difference(reference, candidate)
     if position is None:
         return None
     reference_token = reference[position] if position < len(reference) else None
     candidate_token = candidate[position] if position < len(candidate) else None
-    logits = reference_logits(target, prompt_token_ids, reference[:position])
+    decoder = target if isinstance(target, ReferenceDecoder) else ReferenceDecoder(target)
+    logits = decoder.logits(prompt_token_ids, reference[:position])
     top2 = logits.topk(2).values
     top = float(top2[0])
 
@@ -93,5 +120,5 @@ def first_divergence(
         top - float(top2[1]),
         gap(reference_token),
         gap(candidate_token),
-        NEAR_TIE_TOLERANCE.get(target.dtype, 1e-3) if tolerance is None else tolerance,
+        NEAR_TIE_TOLERANCE.get(decoder.target.dtype, 1e-3) if tolerance is None else tolerance,
     )

@@ -3,6 +3,8 @@
 speedup-vs-k.png            from `specserve bench --json` (specserve and HF assisted, per k), plus the served
                             stack at one client from a `--concurrency 1 --modes k=1 k=2 ...` run
 throughput-vs-concurrency.png  from `specserve bench --concurrency ... --json` (per mode)
+speedup-vs-k-by-load.png    from that k sweep run at several concurrencies: one line per load, adaptive
+                            marked at its mean k
 acceptance-by-category.png  from a `--categories` run (acceptance and speedup per category and mode)
 """
 
@@ -41,15 +43,30 @@ def speedup_vs_k(bench: dict, out: Path, k_sweep: dict | None = None) -> Path:
     return _save(fig, out / "speedup-vs-k.png")
 
 
-def _served_k_points(k_sweep: dict | None) -> list[tuple[int, float]]:
-    """(k, speedup vs the run's target-only) for the fixed-k rows at one client."""
-    rows = [r for r in (k_sweep or {"rows": []})["rows"] if r["concurrency"] == 1 and r["temperature"] == 0]
+def _served_k_points(k_sweep: dict | None, concurrency: int = 1, mode: str = "fixed") -> list[tuple[float, float]]:
+    """(k, speedup vs the run's target-only) for the greedy fixed-k rows at `concurrency`; mode="adaptive":
+    (mean k, speedup) of the adaptive rows."""
+    rows = [r for r in (k_sweep or {"rows": []})["rows"] if r["concurrency"] == concurrency and r["temperature"] == 0]
     base = {r["category"]: r["tokens_per_second"] for r in rows if r["mode"] == "target-only"}
-    return [
-        (int(r["mode"][2:]), r["tokens_per_second"] / base[r["category"]])
-        for r in rows
-        if r["mode"].startswith("k=") and r["mode"][2:].isdigit() and r["category"] in base
-    ]
+    if mode == "adaptive":
+        wanted = [(r["mean_k"], r) for r in rows if r["mode"] == "adaptive"]
+    else:
+        wanted = [(int(r["mode"][2:]), r) for r in rows if r["mode"].startswith("k=") and r["mode"][2:].isdigit()]
+    return [(k, r["tokens_per_second"] / base[r["category"]]) for k, r in wanted if r["category"] in base]
+
+
+def speedup_vs_k_by_load(k_sweep: dict, out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for concurrency in sorted({r["concurrency"] for r in k_sweep["rows"]}):
+        points = sorted(_served_k_points(k_sweep, concurrency))
+        line = ax.plot([k for k, _ in points], [s for _, s in points], marker="o", label=f"{concurrency} clients")
+        adaptive = _served_k_points(k_sweep, concurrency, "adaptive")
+        ax.scatter([k for k, _ in adaptive], [s for _, s in adaptive], marker="*", s=120, color=line[0].get_color())
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="target-only")
+    ax.set(xlabel="k (drafts per round); star: adaptive at its mean k", ylabel="speedup vs target-only at that load",
+           title="Speedup vs k under load (served)")  # fmt: skip
+    ax.legend(fontsize="small")
+    return _save(fig, out / "speedup-vs-k-by-load.png")
 
 
 def throughput_vs_concurrency(load: dict, out: Path) -> Path:
@@ -110,11 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    k_sweep = _optional(args.k_sweep)
     written = [
-        speedup_vs_k(json.loads(Path(args.bench).read_text()), out, _optional(args.k_sweep)),
+        speedup_vs_k(json.loads(Path(args.bench).read_text()), out, k_sweep),
         throughput_vs_concurrency(json.loads(Path(args.load).read_text()), out),
         acceptance_by_category(_with_code(args), out),
     ]
+    if k_sweep is not None:
+        written.append(speedup_vs_k_by_load(k_sweep, out))
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import platform
+from pathlib import Path
 from typing import Any
+
+import torch
 
 COLUMNS = (
     ("mode", "mode", "{}"),
@@ -37,3 +42,20 @@ def format_table(summary: dict[str, Any]) -> str:
         "efficiency = speedup over target-only with the same target / theory",
     ]
     return "\n".join(lines + [""] + notes)
+
+
+def machine() -> dict[str, Any]:
+    """What ran the benchmark (recorded with its figures: a shared host's hardware can change between runs)."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        lines = cpuinfo.read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+        flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+        cpu += "".join(f", {flag}" for flag in ("amx_bf16", "avx512_bf16") if flag in flags)
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+    }

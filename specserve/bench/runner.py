@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specserve.bench.lossless import first_divergence
+from specserve.bench.lossless import ReferenceDecoder, first_divergence
 from specserve.bench.peer import hf_generate
 from specserve.bench.theory import expected_speedup
 from specserve.config import GenerationRequest
@@ -35,6 +35,9 @@ class BenchConfig:
     baseline_dtypes: tuple[str, ...] = ("float32", "bfloat16")
     """Target-only is run in each; speedups are against the fastest."""
     draft_quantization: str = "auto"
+    stop_threshold: float = 0.0
+    """Also run each k with the draft's early stop: a window ends after a token the draft gave less than
+    this probability (HF's default schedule stops at 0.4); 0: not."""
     hf_ks: tuple[int, ...] = (4,)
     """Peer modes with a constant window; the peer also runs once with its own defaults."""
     hf: bool = True
@@ -54,6 +57,8 @@ class BenchConfig:
             raise ValueError(f"num_prompts must be in 1..164 (HumanEval), got {self.num_prompts}")
         if any(k < 1 for k in self.ks):
             raise ValueError(f"ks must be >= 1, got {self.ks}")
+        if not 0.0 <= self.stop_threshold < 1.0:
+            raise ValueError(f"stop_threshold must be in [0, 1), got {self.stop_threshold}")
 
 
 @dataclass(slots=True)
@@ -167,6 +172,12 @@ def _modes(
     engine = SpeculativeEngine(target, draft)
     for k in cfg.ks:
         modes.append((ModeResult(f"specserve k={k}", "speculative", k, settings), _ours(engine, k, cfg)))
+    if cfg.stop_threshold:
+        stopping = SpeculativeEngine(target, draft, draft_confidence_threshold=cfg.stop_threshold)
+        stop_settings = f"{settings}, windows end below confidence {cfg.stop_threshold}"
+        for k in cfg.ks:
+            mode = ModeResult(f"specserve k={k}+stop", "speculative", k, stop_settings)
+            modes.append((mode, _ours(stopping, k, cfg)))
     if cfg.hf:
         target_only = f"target {_dtype(target)}"
         modes.append((ModeResult("hf target-only", "target-only", 0, target_only), _peer(target, None, None, cfg)))
@@ -211,6 +222,7 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
     fastest = max(baselines, key=lambda m: m.tokens_per_second)
     reference = next(m for m in baselines if m.settings == f"target {_dtype(target)}")
     target_step = reference.stats.target_s / max(1, reference.stats.num_rounds)  # one target pass over 1 token
+    decoder = ReferenceDecoder(target)  # shared: modes departing on the same prompt share its decode
     rows = []
     for mode in modes:
         row: dict = {
@@ -228,13 +240,15 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
             alpha = s.per_token_acceptance
             c = (s.draft_s / s.num_proposed) / target_step
             v_k = (s.target_s / s.num_rounds) / target_step
-            theory = expected_speedup(alpha, mode.k, c, v_k)
+            window = s.num_proposed / s.num_rounds if mode.name.endswith("+stop") else mode.k  # stops shorten it
+            theory = expected_speedup(alpha, window, c, v_k)
             speedup_same_target = mode.tokens_per_second / reference.tokens_per_second
             row.update(
                 acceptance_rate=round(s.acceptance_rate, 4),
                 per_token_acceptance=round(alpha, 4),
-                length_bound=round(s.mean_acceptance_length / (mode.k * c + v_k), 3),
+                length_bound=round(s.mean_acceptance_length / (window * c + v_k), 3),
                 mean_accepted_per_round=round(s.mean_accepted_per_round, 3),
+                mean_window=round(s.num_proposed / s.num_rounds, 3),
                 mean_acceptance_length=round(s.mean_acceptance_length, 3),
                 draft_step_ms=round(1000 * s.draft_s / s.num_proposed, 1),
                 verify_ms=round(1000 * s.target_s / s.num_rounds, 1),
@@ -253,7 +267,7 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
             # assisted generation verifies its first window in the prefill pass: every pass is a round
             row["mean_acceptance_length"] = round(mode.num_tokens / mode.num_target_passes, 3)
         if mode is not reference and mode.settings.startswith(f"target {_dtype(target)}"):
-            row.update(_lossless(target, prompts, reference, mode))
+            row.update(_lossless(decoder, prompts, reference, mode))
         rows.append(row)
     return {
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
@@ -263,12 +277,12 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
     }
 
 
-def _lossless(target: LoadedModel, prompts: list[list[int]], reference: ModeResult, mode: ModeResult) -> dict:
+def _lossless(decoder: ReferenceDecoder, prompts: list[list[int]], reference: ModeResult, mode: ModeResult) -> dict:
     identical, divergences = 0, []
     for prompt, ref, out in zip(prompts, reference.outputs, mode.outputs):
         if ref == out:
             identical += 1
             continue
-        divergence = first_divergence(target, prompt, ref, out)
+        divergence = first_divergence(decoder, prompt, ref, out)
         divergences.append(divergence.to_dict() if divergence else None)
     return {"identical_to_target_only": f"{identical}/{len(prompts)}", "divergences": divergences}

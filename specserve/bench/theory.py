@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def expected_speedup(alpha: float, k: int, c: float, v_k: float) -> float:
+def expected_speedup(alpha: float, k: float, c: float, v_k: float) -> float:
     """(1 - alpha^(k+1)) / ((1 - alpha) (k c + v_k)).
 
     alpha: per-token acceptance rate; c: draft step / target step; v_k: target pass over k + 1 tokens /

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from orchestrator.client import SpecServeClient
-from specserve.bench.load import Mode, parse_mode, rate_sweep, run_load, sweep
+from specserve.bench.load import Compared, Mode, check_departures, parse_mode, rate_sweep, run_load, sweep
+from specserve.bench.lossless import reference_logits
 from specserve.config import GenerationRequest
 from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
@@ -46,6 +47,29 @@ def test_the_sweep_reports_every_mode_at_every_concurrency() -> None:
         assert (row["efficiency"] == pytest.approx(1.0)) != speculative  # target-only is its own bound
         assert (len(row["acceptance_at_position"]) > 0) == (row["mean_k"] > 0)
         assert row["mean_acceptance_length"] >= 1.0
+
+
+def test_the_near_tie_check_passes_a_batched_sweep_and_catches_a_real_disagreement(
+    engine: SpeculativeEngine, tiny_target: LoadedModel
+) -> None:
+    compared: list[Compared] = []
+    with LocalStack() as stack, SpecServeClient(stack.address) as client:
+        rows = sweep({False: client}, {"code": PROMPTS}, [2], 24, 2, log=False, compared=compared)
+    assert [row for row, _, _ in compared] == rows
+    assert check_departures(tiny_target, compared, log=False) == 0
+    for row in rows:  # target-only's batched passes too, against batch-1 decoding
+        assert row["departures"] == row["near_tie_departures"] <= row["requests"]
+    # no near-tie: one of k=4's outputs takes the target's least likely token at position 5
+    row, run, _ = compared[1]
+    key = next(iter(run.outputs))
+    text, output = run.prompts[key][0], run.outputs[key]
+    request = GenerationRequest(prompt=text, max_tokens=len(output), num_speculative_tokens=0, ignore_eos=True)
+    greedy = engine.generate(request).token_ids
+    logits = reference_logits(tiny_target, engine.tokenize(request), greedy[:5])
+    run.outputs[key] = greedy[:5] + [int(logits.argmin())] + output[6:]
+    assert check_departures(tiny_target, compared, log=False) == 1
+    assert row["near_tie_departures"] == row["departures"] - 1
+    assert [d for d in row["divergences"] if not d["near_tie"]][0]["position"] == 5
 
 
 def test_a_k_sweep_with_the_early_stop_modes_runs_target_only_first() -> None:

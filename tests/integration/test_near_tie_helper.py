@@ -1,12 +1,13 @@
 """The near-tie check (specserve.bench.lossless, asserted by tests/helpers.py) on the tiny target:
 it passes equal outputs, explains nothing it should not, and its reference pass reproduces
-target-only greedy decoding."""
+target-only greedy decoding, also when one decoder checks many prefixes."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from specserve.bench.lossless import first_difference, reference_logits
+from specserve.bench.lossless import ReferenceDecoder, first_difference, reference_logits
 from specserve.config import GenerationRequest
 from specserve.engine import SpeculativeEngine
 from tests.helpers import assert_divergence_is_near_tie
@@ -52,3 +53,11 @@ def test_a_strict_prefix_fails(engine: SpeculativeEngine, baseline) -> None:  # 
     prompt_ids, generated = baseline
     with pytest.raises(AssertionError, match="strict prefix"):
         assert_divergence_is_near_tie(engine.target, prompt_ids, generated, generated[:-2])
+
+
+def test_the_reference_decoder_reuses_its_cache_without_changing_a_number(engine: SpeculativeEngine, baseline) -> None:  # type: ignore[no-untyped-def]
+    prompt_ids, generated = baseline
+    decoder = ReferenceDecoder(engine.target)
+    branch = generated[:3] + [(generated[3] + 1) % engine.target.vocab_size]
+    for prefix in (generated[:8], generated[:3], branch, generated[:11], [], generated[:8]):  # longer, shorter, apart
+        assert torch.equal(decoder.logits(prompt_ids, prefix), reference_logits(engine.target, prompt_ids, prefix))

@@ -24,9 +24,11 @@ def test_every_plot_is_a_png(tmp_path: Path) -> None:
                      for c in (1, 2) for m in ("target-only", "k=4", "adaptive")]}  # fmt: skip
     categories = {"rows": [_row("chat", m, 1, 3.0, None if m == "target-only" else 0.5)
                            for m in ("target-only", "k=4", "adaptive")]}  # fmt: skip
-    sweep = (("target-only", 3.0), ("k=2", 5.4), ("k=8", 4.5), ("adaptive", 6.0))
-    k_sweep = {"rows": [{**_row("code", m, 1, tok_s, 0.8), "temperature": 0.0} for m, tok_s in sweep]}
+    sweep = (("target-only", 3.0, 0.0), ("k=2", 5.4, 2.0), ("k=8", 4.5, 8.0), ("adaptive", 6.0, 3.5))
+    k_sweep = {"rows": [{**_row("code", m, c, c * tok_s, 0.8), "temperature": 0.0, "mean_k": k}
+                        for c in (1, 4) for m, tok_s, k in sweep]}  # fmt: skip
     assert _served_k_points(k_sweep) == [(2, 1.8), (8, 1.5)]
+    assert _served_k_points(k_sweep, 4, "adaptive") == [(3.5, 2.0)]
     paths = {}
     for name, data in (("bench", bench), ("load", load), ("categories", categories), ("k-sweep", k_sweep)):
         paths[name] = tmp_path / f"{name}.json"
@@ -35,5 +37,7 @@ def test_every_plot_is_a_png(tmp_path: Path) -> None:
     args = [arg for name, path in paths.items() for arg in (f"--{name}", str(path))]
     assert main([*args, "--out", str(out)]) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["acceptance-by-category.png", "speedup-vs-k.png", "throughput-vs-concurrency.png"]
+    assert names == [
+        "acceptance-by-category.png", "speedup-vs-k-by-load.png", "speedup-vs-k.png", "throughput-vs-concurrency.png"
+    ]  # fmt: skip
     assert all((out / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / n).stat().st_size > 5000 for n in names)

@@ -1,0 +1,55 @@
+"""`specserve bench` in process on the tiny pair: every mode measured, the early-stop modes with shorter
+windows, and every output equal to target-only's (float32 at batch 1); a load benchmark stopped by
+SIGTERM takes its worker processes with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specserve.bench.report import machine
+from specserve.bench.runner import BenchConfig, run_bench
+
+
+def test_the_in_process_bench_with_the_early_stop_modes() -> None:
+    cfg = BenchConfig(
+        target="tiny", draft="tiny-draft", num_prompts=2, max_tokens=24, ks=(2, 6), baseline_dtypes=("float32",),
+        draft_quantization="none", hf=False, hf_fp32_draft=False, stop_threshold=0.9,
+    )  # fmt: skip
+    rows = {row["mode"]: row for row in run_bench(cfg)["modes"]}
+    speculative = ["specserve k=2", "specserve k=6", "specserve k=2+stop", "specserve k=6+stop"]
+    assert list(rows) == ["target-only float32", *speculative]
+    for name in speculative:
+        assert rows[name]["identical_to_target_only"] == "2/2", name
+        assert rows[name]["tokens_per_second"] > 0 and rows[name]["theoretical_speedup"] > 0
+    assert rows["specserve k=6"]["mean_window"] > rows["specserve k=2"]["mean_window"]  # shorter near the end only
+    assert 0 < rows["specserve k=6+stop"]["mean_window"] < rows["specserve k=6"]["mean_window"]
+    assert "below confidence 0.9" in rows["specserve k=6+stop"]["settings"]
+
+
+def test_a_benchmark_records_the_machine_it_ran_on() -> None:
+    described = machine()
+    assert described["cpu"] and described["cores"] == os.cpu_count() and described["torch"] == torch.__version__
+    assert described["gpu"] is None or isinstance(described["gpu"], str)
+
+
+def test_a_terminated_load_benchmark_stops_its_workers() -> None:
+    command = [sys.executable, "-m", "specserve.cli", "bench", "--model", "tiny", "--draft", "tiny-draft",
+               "--concurrency", "1", "--duration", "600", "--max-tokens", "8"]  # fmt: skip
+    bench = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children = Path(f"/proc/{bench.pid}/task/{bench.pid}/children")
+    deadline = time.monotonic() + 120
+    while len(workers := children.read_text().split()) < 2:  # the target and draft services
+        assert bench.poll() is None and time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.2)
+    time.sleep(3)  # into the run
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(timeout=60) != 0
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(), pid
