@@ -22,17 +22,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def speedup_vs_k(bench: dict, out: Path, k_sweep: dict | None = None) -> Path:
-    by_kind: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for row in _served_k_points(k_sweep):
-        by_kind["specserve served, 1 client"].append(row)
+    by_kind: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for row in _served_k_points(k_sweep):  # the runs' dates in the legend: they may be days (and hosts) apart
+        by_kind[f"specserve served, 1 client{_dated(k_sweep)}"].append(row)
     for mode in bench["modes"]:
         if mode["k"] and mode.get("speedup_vs_target") and mode["k"] <= 16:
-            by_kind["HF assisted" if mode["mode"].startswith("hf") else "specserve"].append(
-                (mode["k"], mode["speedup_vs_target"])
-            )
+            kind = "HF assisted" if mode["mode"].startswith("hf") else "specserve in process"
+            by_kind[kind + _dated(bench)].append((mode["k"], mode["speedup_vs_target"]))
     fig, ax = plt.subplots(figsize=(6, 4))
     for kind, points in by_kind.items():
-        best: dict[int, float] = {}
+        best: dict[float, float] = {}
         for k, speedup in points:
             best[k] = max(speedup, best.get(k, 0.0))
         ks = sorted(best)
@@ -41,6 +40,10 @@ def speedup_vs_k(bench: dict, out: Path, k_sweep: dict | None = None) -> Path:
     ax.set(xlabel="k (drafts per round)", ylabel=f"speedup vs {bench['baseline']}", title="Speedup vs k")
     ax.legend()
     return _save(fig, out / "speedup-vs-k.png")
+
+
+def _dated(run: dict | None) -> str:
+    return f" ({run['date'][:10]})" if run and run.get("date") else ""
 
 
 def _served_k_points(k_sweep: dict | None, concurrency: int = 1, mode: str = "fixed") -> list[tuple[float, float]]:
