@@ -53,3 +53,16 @@ def test_a_terminated_load_benchmark_stops_its_workers() -> None:
     assert bench.wait(timeout=60) != 0
     for pid in workers:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(), pid
+
+
+def test_speedups_are_against_the_fastest_target_only_setting_the_peer_s_included() -> None:
+    cfg = BenchConfig(
+        target="tiny", draft="tiny-draft", num_prompts=2, max_tokens=16, ks=(2,), baseline_dtypes=("float32",),
+        draft_quantization="none", hf=True, hf_fp32_draft=False,
+    )  # fmt: skip
+    summary = run_bench(cfg)
+    target_only = [row for row in summary["modes"] if row["kind"] == "target-only"]
+    assert {row["mode"] for row in target_only} == {"target-only float32", "hf target-only"}
+    fastest = max(target_only, key=lambda row: row["tokens_per_second"])
+    assert summary["baseline"] == fastest["mode"] and fastest["speedup_vs_target"] == 1.0
+    assert all(row["speedup_vs_target"] <= 1.0 for row in target_only)
