@@ -46,12 +46,12 @@ def _dated(run: dict | None) -> str:
     return f" ({run['date'][:10]})" if run and run.get("date") else ""
 
 
-def _served_k_points(k_sweep: dict | None, concurrency: int = 1, mode: str = "fixed") -> list[tuple[float, float]]:
-    """(k, speedup vs the run's target-only) for the greedy fixed-k rows at `concurrency`; mode="adaptive":
-    (mean k, speedup) of the adaptive rows."""
+def _served_k_points(k_sweep: dict | None, concurrency: int = 1, adaptive: bool = False) -> list[tuple[float, float]]:
+    """(k, speedup vs the run's target-only) for the greedy fixed-k rows at `concurrency`; `adaptive`:
+    (mean k, speedup) of the adaptive rows instead."""
     rows = [r for r in (k_sweep or {"rows": []})["rows"] if r["concurrency"] == concurrency and r["temperature"] == 0]
     base = {r["category"]: r["tokens_per_second"] for r in rows if r["mode"] == "target-only"}
-    if mode == "adaptive":
+    if adaptive:
         wanted = [(r["mean_k"], r) for r in rows if r["mode"] == "adaptive"]
     else:
         wanted = [(int(r["mode"][2:]), r) for r in rows if r["mode"].startswith("k=") and r["mode"][2:].isdigit()]
@@ -63,7 +63,7 @@ def speedup_vs_k_by_load(k_sweep: dict, out: Path) -> Path:
     for concurrency in sorted({r["concurrency"] for r in k_sweep["rows"]}):
         points = sorted(_served_k_points(k_sweep, concurrency))
         line = ax.plot([k for k, _ in points], [s for _, s in points], marker="o", label=f"{concurrency} clients")
-        adaptive = _served_k_points(k_sweep, concurrency, "adaptive")
+        adaptive = _served_k_points(k_sweep, concurrency, adaptive=True)
         ax.scatter([k for k, _ in adaptive], [s for _, s in adaptive], marker="*", s=120, color=line[0].get_color())
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="target-only")
     ax.set(xlabel="k (drafts per round); star: adaptive at its mean k", ylabel="speedup vs target-only at that load",

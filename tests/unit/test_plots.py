@@ -28,7 +28,7 @@ def test_every_plot_is_a_png(tmp_path: Path) -> None:
     k_sweep = {"rows": [{**_row("code", m, c, c * tok_s, 0.8), "temperature": 0.0, "mean_k": k}
                         for c in (1, 4) for m, tok_s, k in sweep]}  # fmt: skip
     assert _served_k_points(k_sweep) == [(2, 1.8), (8, 1.5)]
-    assert _served_k_points(k_sweep, 4, "adaptive") == [(3.5, 2.0)]
+    assert _served_k_points(k_sweep, 4, adaptive=True) == [(3.5, 2.0)]
     paths = {}
     for name, data in (("bench", bench), ("load", load), ("categories", categories), ("k-sweep", k_sweep)):
         paths[name] = tmp_path / f"{name}.json"
