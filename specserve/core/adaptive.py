@@ -198,28 +198,16 @@ class AdaptiveK:
         return None if seconds is None else self.expected_tokens(k) / max(seconds, 1e-9)
 
     def _borrowed(self, bucket: int, other: int, k: int) -> float | None:
-        there, scale = self._seconds(other, k), self._scale(bucket, other, k)
+        there, scale = self._seconds(other, k), self._scale(bucket, other)
         return there * scale if there is not None and scale is not None else None
 
-    def _scale(self, bucket: int, other: int, k: int) -> float | None:
-        """Round times at `bucket` over those at `other` for windows of k, from the nearest k measured at both
-        on the side where the ratio errs slow. A batch's verification grows with its tokens, B (k + 1), so
-        going to a larger batch a deeper window's round time grows by more than a shallower one's: scaled
-        by a shallower k's ratio, deep windows looked cheap at 16 clients and k drifted to 6 (0.97x
-        target-only, 2026-12-01). So a larger batch borrows only for k no deeper than one measured at both,
-        a smaller batch only for k no shallower; the other side is measured by exploring neighbours."""
-        larger = bucket > other
-        common = [
-            c
-            for c in range(self.max_k + 1)
-            if (c >= k if larger else c <= k)
-            and self._seconds(bucket, c) is not None
-            and self._seconds(other, c) is not None
-        ]
-        if not common:
-            return None
-        nearest = min(common, key=lambda c: abs(c - k))
-        return self._seconds(bucket, nearest) / self._seconds(other, nearest)  # type: ignore[operator]
+    def _scale(self, bucket: int, other: int) -> float | None:
+        """Round times at `bucket` over those at `other`, from a k measured at both (the current one if it is)."""
+        for k in [self._k, *range(self.max_k + 1)]:
+            here, there = self._seconds(bucket, k), self._seconds(other, k)
+            if here is not None and there is not None:
+                return here / there
+        return None
 
     def _seconds(self, bucket: int, k: int) -> float | None:
         round_time = self.times.get((bucket, k))
