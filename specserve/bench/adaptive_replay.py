@@ -1,0 +1,210 @@
+"""Replays the adaptive-k policy against a load sweep's measurements, in seconds instead of an hour.
+
+A served sweep (`specserve bench --concurrency ... --modes target-only k=1 ... k=8 --json`) measures, per
+load, each fixed k's throughput and per-position acceptance. From them this module rebuilds what the
+policy sees: a session round at (load, k) lasts `load x tokens per round / throughput` seconds, with the
+acceptance of the deepest window's rows, and noise and stalls (another request's prefill holding the
+model) on top. Then it drives `AdaptiveK` through the loads in the sweep's order, for many random paths,
+and reports what a real sweep can only sample once: how often adaptive falls below 0.98x target-only at a
+load, and how often the best fixed k itself would, measured in the same window (the noise floor).
+
+Run: `python -m specserve.bench.adaptive_replay docs/bench-k-sweep.json [--paths 100]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specserve.core.adaptive import AdaptiveK
+
+RULE = 0.98  # issue 5: adaptive at least 0.98x target-only at every load
+
+
+@dataclass(frozen=True, slots=True)
+class Landscape:
+    """Per load: tokens per second of each measured k (0 is target-only) and the draft's acceptance at
+    each window position given the positions before it were accepted."""
+
+    throughput: dict[int, dict[int, float]]
+    acceptance: dict[int, list[float]]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[dict]) -> Landscape:
+        """From a sweep's greedy rows of fixed modes ("target-only", "k=N"); adaptive rows are ignored."""
+        throughput: dict[int, dict[int, float]] = {}
+        deepest: dict[int, tuple[int, list[float]]] = {}
+        for row in rows:
+            k = _fixed_k(row["mode"])
+            if k is None or row.get("temperature", 0.0) != 0.0 or row.get("request_rate") is not None:
+                continue
+            load = row["concurrency"]
+            throughput.setdefault(load, {})[k] = row["tokens_per_second"]
+            if k > deepest.get(load, (0, []))[0]:
+                deepest[load] = (k, row["acceptance_at_position"])
+        for load, by_k in throughput.items():
+            if 0 not in by_k or load not in deepest:
+                raise ValueError(f"load {load}: the sweep needs target-only and at least one k > 0")
+        acceptance = {load: conditional(rates) for load, (_, rates) in deepest.items()}
+        return cls(throughput, acceptance)
+
+    @property
+    def loads(self) -> list[int]:
+        return sorted(self.throughput)
+
+    def max_k(self, load: int) -> int:
+        return len(self.acceptance[load])
+
+    def tokens_per_second(self, load: int, k: int) -> float:
+        """Measured, or interpolated linearly between the nearest measured k on either side."""
+        by_k = self.throughput[load]
+        if k in by_k:
+            return by_k[k]
+        below, above = max(m for m in by_k if m < k), min(m for m in by_k if m > k)
+        return by_k[below] + (by_k[above] - by_k[below]) * (k - below) / (above - below)
+
+    def expected_tokens(self, load: int, k: int) -> float:
+        tokens, reach = 1.0, 1.0
+        for rate in self.acceptance[load][:k]:
+            reach *= rate
+            tokens += reach
+        return tokens
+
+    def round_seconds(self, load: int, k: int) -> float:
+        """A session's round at (load, k), such that replaying the acceptance gives the measured throughput."""
+        return load * self.expected_tokens(load, k) / self.tokens_per_second(load, k)
+
+    def speedup(self, load: int, k: int) -> float:
+        return self.tokens_per_second(load, k) / self.throughput[load][0]
+
+
+def conditional(rates: Sequence[float]) -> list[float]:
+    """Per-position acceptance as the sweep reports it (the share of drafts at position i accepted) to the
+    acceptance at i given that those before it were accepted."""
+    result, before = [], 1.0
+    for rate in rates:
+        result.append(min(1.0, rate / before) if before > 0 else 0.0)
+        before = rate
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    seconds_per_load: float = 90.0
+    """The policy's time at each load (the k sweep: 30 s of warm-up and a 60 s window per mode)."""
+    warmup_s: float = 30.0
+    """Tokens count after this much of each load, as in the bench's timed windows."""
+    noise: float = 0.15
+    """Log-normal spread of a round's seconds."""
+    stall_probability: float = 0.05
+    stall_factor: float = 2.5
+    """A round stalled by another request's prefill lasts this many times longer."""
+    paths: int = 100
+
+
+def replay(
+    landscape: Landscape,
+    config: ReplayConfig,
+    seed: int,
+    fixed_k: int | None = None,
+    loads: Sequence[int] | None = None,
+) -> dict[int, tuple[float, float]]:
+    """One path through the loads in order (all of the sweep's by default): per load, tokens per second in
+    the window and the mean k there. `fixed_k` replays a fixed mode instead of the policy."""
+    rng = random.Random(seed)
+    policy = AdaptiveK(max_k=min(landscape.max_k(load) for load in landscape.loads))
+    now, result = 0.0, {}
+    for load in loads or landscape.loads:
+        end, counted_from = now + config.seconds_per_load, now + config.warmup_s
+        tokens, ks = 0, []
+        while now < end:
+            k = policy.choose(load, now) if fixed_k is None else fixed_k
+            seconds = landscape.round_seconds(load, k) * math.exp(rng.gauss(0.0, config.noise))
+            if rng.random() < config.stall_probability:
+                seconds *= config.stall_factor
+            now += seconds
+            for _ in range(load):  # every session of the batch finishes this round
+                num_accepted = _accepted(rng, landscape.acceptance[load][:k])
+                policy.observe(load, k, num_accepted, seconds, now)
+                tokens += (num_accepted + 1) if now > counted_from else 0
+            if now > counted_from:
+                ks.append(k)
+        result[load] = (tokens / (config.seconds_per_load - config.warmup_s), statistics.fmean(ks or [0]))
+    return result
+
+
+def evaluate(landscape: Landscape, config: ReplayConfig) -> list[dict]:
+    """Per load over `config.paths` paths: adaptive's speedup (each path against a target-only path of its
+    own, as a sweep measures it), the share of paths below the rule, and the same for the best fixed k."""
+    samples: dict[int, list[tuple[float, float, float]]] = {load: [] for load in landscape.loads}
+    best = {load: max(range(landscape.max_k(load) + 1), key=lambda k: landscape.speedup(load, k)) for load in samples}
+    for path in range(config.paths):
+        adaptive = replay(landscape, config, seed=3 * path)
+        target_only = replay(landscape, config, seed=3 * path + 1, fixed_k=0)
+        for load in samples:
+            fixed = replay(landscape, config, seed=3 * path + 2, fixed_k=best[load], loads=[load])
+            samples[load].append(
+                (adaptive[load][0] / target_only[load][0], adaptive[load][1], fixed[load][0] / target_only[load][0])
+            )
+    rows = []
+    for load, values in samples.items():
+        ratios = sorted(r for r, _, _ in values)
+        rows.append({
+            "concurrency": load,
+            "best_fixed_k": best[load],
+            "best_fixed_speedup": landscape.speedup(load, best[load]),
+            "adaptive_mean_speedup": statistics.fmean(ratios),
+            "adaptive_p10_speedup": ratios[len(ratios) // 10],
+            "adaptive_below_rule": sum(r < RULE for r in ratios) / len(ratios),
+            "adaptive_mean_k": statistics.fmean(k for _, k, _ in values),
+            "best_fixed_below_rule": sum(f < RULE for _, _, f in values) / len(values),
+        })  # fmt: skip
+    return rows
+
+
+def _accepted(rng: random.Random, rates: Sequence[float]) -> int:
+    for i, rate in enumerate(rates):
+        if rng.random() >= rate:
+            return i
+    return len(rates)
+
+
+def _fixed_k(mode: str) -> int | None:
+    if mode == "target-only":
+        return 0
+    if mode.startswith("k=") and mode[2:].isdigit():
+        return int(mode[2:])
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specserve.bench.adaptive_replay", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("sweep", help="a load sweep's JSON with target-only and fixed-k rows")
+    defaults = ReplayConfig()
+    parser.add_argument("--paths", type=int, default=defaults.paths)
+    parser.add_argument("--seconds-per-load", type=float, default=defaults.seconds_per_load)
+    parser.add_argument("--noise", type=float, default=defaults.noise)
+    args = parser.parse_args(argv)
+    with open(args.sweep) as file:
+        landscape = Landscape.from_rows(json.load(file)["rows"])
+    config = ReplayConfig(seconds_per_load=args.seconds_per_load, noise=args.noise, paths=args.paths)
+    print(f"{'clients':>7} {'best k':>6} {'its x':>6} {'adaptive x':>10} {'p10':>5} {'mean k':>6} "
+          f"{'adaptive <0.98':>14} {'best k <0.98':>12}")  # fmt: skip
+    for row in evaluate(landscape, config):
+        print(
+            f"{row['concurrency']:>7} {row['best_fixed_k']:>6} {row['best_fixed_speedup']:>6.2f} "
+            f"{row['adaptive_mean_speedup']:>10.3f} {row['adaptive_p10_speedup']:>5.2f} {row['adaptive_mean_k']:>6.1f} "
+            f"{row['adaptive_below_rule']:>14.0%} {row['best_fixed_below_rule']:>12.0%}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
