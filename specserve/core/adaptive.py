@@ -14,9 +14,12 @@ at 8 clients here (0.96x target-only where k = 4 gave 1.10x).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
 
 ACCEPTANCE_DECAY = 0.98  # acceptance: about the last fifty examinations of a position count
 ROUNDS_KEPT = 8  # round times: about the last eight rounds of the batch count
@@ -173,6 +176,13 @@ class AdaptiveK:
             k = self._decide(batch_bucket(batch_size), now)
             if k != self._k:
                 self._settled_at, self._fresh = now + self._last_round_s, 0
+                logger.info(
+                    "adaptive k %d -> %d at %d sessions%s",
+                    self._k,
+                    k,
+                    batch_size,
+                    " (exploring)" if self._exploring else "",
+                )
             self._k, self._decided_at = k, now
         return self._k
 

@@ -265,3 +265,15 @@ def test_an_exploration_lasts_until_its_rounds_can_be_trusted() -> None:
         policy.observe(8, explored, 3, 1.0, now=5.0)
     policy.choose(8, now=5.1)
     assert policy._decided_at == 5.1  # the third round measured: decided
+
+
+def test_a_change_of_k_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    policy = AdaptiveK(8, period_s=1.0, explore_fraction=1.0)
+    for _ in range(10):
+        policy.observe(1, 4, 4, 0.1, now=10.2)
+    with caplog.at_level("INFO", logger="specserve.core.adaptive"):
+        assert policy.choose(1, now=10.0) == 4
+        assert not caplog.records  # no change, no line
+        changed = policy.choose(1, now=11.0)  # a neighbour or target-only is measured next
+    assert changed != 4
+    assert caplog.messages == [f"adaptive k 4 -> {changed} at 1 sessions (exploring)"]
