@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specserve.core.adaptive import AdaptiveK
+from specserve.core.adaptive import AdaptiveK, tokens_per_round
 
 RULE = 0.98  # issue 5: adaptive at least 0.98x target-only at every load
 
@@ -69,11 +69,7 @@ class Landscape:
         return by_k[below] + (by_k[above] - by_k[below]) * (k - below) / (above - below)
 
     def expected_tokens(self, load: int, k: int) -> float:
-        tokens, reach = 1.0, 1.0
-        for rate in self.acceptance[load][:k]:
-            reach *= rate
-            tokens += reach
-        return tokens
+        return tokens_per_round(self.acceptance[load][:k])
 
     def round_seconds(self, load: int, k: int) -> float:
         """A session's round at (load, k), such that replaying the acceptance gives the measured throughput."""

@@ -66,6 +66,16 @@ def trusted_after(batch_size: int) -> int:
     return max(MIN_TRUSTED, ROUNDS_TRUSTED * batch_size)
 
 
+def tokens_per_round(acceptances: list[float]) -> float:
+    """Tokens a window emits on average, the recovered/bonus token included: 1 + a_0 + a_0 a_1 + ..., a_i being
+    the acceptance at position i given that the drafts before it were accepted."""
+    tokens, reach = 1.0, 1.0
+    for rate in acceptances:
+        reach *= rate
+        tokens += reach
+    return tokens
+
+
 def batch_bucket(batch_size: int) -> int:
     """Half-octave buckets (1, 2, 3, 4, 5-6, 7-9, 10-13, 14-19, ...): nearby batch sizes cost about the same."""
     return round(2 * math.log2(max(1, batch_size)))
@@ -141,11 +151,7 @@ class AdaptiveK:
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a round at k emits on average, the recovered/bonus token included."""
-        tokens, reach = 1.0, 1.0
-        for rate in self.acceptances(k):
-            reach *= rate
-            tokens += reach
-        return tokens
+        return tokens_per_round(self.acceptances(k))
 
     def observe(self, batch_size: int, k: int, num_accepted: int, seconds: float, now: float) -> None:
         """One session's round: `k` drafts, `num_accepted` of them accepted, `seconds` since its previous
