@@ -106,7 +106,7 @@ class DraftSession:
     def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
-        self.sequence = CachedSequence(loaded.model, prompt_token_ids)
+        self.sequence = CachedSequence(loaded.model, prompt_token_ids, loaded.decoder)
         self.generator = make_generator(seed, DRAFT_STREAM)
         self._probs_rows: list[torch.Tensor] = []
         self.confidence_threshold = 0.0  # for propose(); the service passes one per call instead

@@ -82,7 +82,7 @@ class TargetSession:
     def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
-        self.sequence = CachedSequence(loaded.model, prompt_token_ids)
+        self.sequence = CachedSequence(loaded.model, prompt_token_ids, loaded.decoder)
         self.generator = make_generator(seed, TARGET_STREAM)
 
     def prefill(self, max_tokens: int | None = None) -> bool:

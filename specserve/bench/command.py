@@ -19,6 +19,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6, 8])
     parser.add_argument("--no-fp32-draft", action="store_true", help="skip the modes with a float32 draft")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face assisted-generation peer")
+    parser.add_argument(
+        "--no-hf-plain", action="store_true", help="skip the peer on a target without specserve's prepacked weights"
+    )
     parser.add_argument("--baseline-dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPES))
     parser.add_argument("--served", action="store_true", help="also measure the served stack over gRPC")
     parser.add_argument("--address", help="also measure a running orchestrator at HOST:PORT (same models)")
@@ -77,7 +80,8 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
     cfg = BenchConfig(
         target=args.target, draft=args.draft, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
         ks=tuple(args.ks), target_dtype=args.target_dtype, draft_quantization=args.draft_quantization,
-        baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_fp32_draft=not args.no_fp32_draft,
+        baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_plain_target=not args.no_hf_plain,
+        hf_fp32_draft=not args.no_fp32_draft,
         served=args.served, address=args.address, stop_threshold=args.confidence_threshold if args.early_stop else 0.0,
     )  # fmt: skip
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

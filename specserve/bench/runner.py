@@ -18,6 +18,7 @@ from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
 from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel, ModelConfig, load_model
+from specserve.models.packing import PackedLinear
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ class BenchConfig:
     """Peer modes with a constant window; the peer also runs once with its own defaults."""
     hf: bool = True
     """Run the peer (Hugging Face assisted generation)."""
+    hf_plain_target: bool = True
+    """Also run the peer's target-only and default modes on a target loaded as transformers ships it, without
+    specserve's prepacked weights (the peer's other modes get them, as they get the int8 draft)."""
     hf_fp32_draft: bool = True
     """Also run the peer and specserve with an unquantized float32 draft, in case it is faster."""
     served: bool = False
@@ -185,6 +189,13 @@ def _modes(
             modes.append((ModeResult(f"hf assisted k={k}", "peer", k, settings), _peer(target, draft, k, cfg)))
         defaults = ModeResult("hf assisted default", "peer", 20, settings + ", HF defaults")
         modes.append((defaults, _peer(target, draft, None, cfg)))
+        if cfg.hf_plain_target and any(isinstance(m, PackedLinear) for m in target.model.modules()):
+            plain = load_model(ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False), home)
+            shipped = f"target {_dtype(plain)}, plain weights"
+            plain_only = ModeResult("hf target-only plain", "target-only", 0, shipped)
+            modes.append((plain_only, _peer(plain, None, None, cfg)))
+            plain_defaults = ModeResult("hf assisted default plain", "peer", 20, f"{shipped}, draft {_dtype(draft)}")
+            modes.append((plain_defaults, _peer(plain, draft, None, cfg)))
     if cfg.hf_fp32_draft:
         fp32_draft = load_model(ModelConfig(cfg.draft, dtype="float32", quantization="none"), home)
         fp32 = f"target {_dtype(target)}, draft {_dtype(fp32_draft)}"

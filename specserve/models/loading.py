@@ -22,6 +22,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from specserve.models import tiny
 from specserve.models.fetch import ArtifactError, ensure_gguf, sha256_file
+from specserve.models.lean import LeanDecoder, lean_decoder, unsupported_reason
+from specserve.models.packing import pack_linears
 from specserve.models.registry import Preset, SplitGGUF, TinySpec, get_preset
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,9 @@ class ModelConfig:
     """`none`, `int8` (dynamic int8 weights for every Linear layer, CPU only), or `auto` (int8 on CPU, else
     none). Meant for drafts, whose proposals may be approximate without changing the output: measured here,
     the 0.5B draft's step drops from 104 ms (float32) to 46 ms."""
+    pack_weights: bool = True
+    """On the CPU in bfloat16: pack Linear weights once, at load, in oneDNN's layout (each layer's outputs
+    checked bit-identical to the plain layer's; measured: the 1.5B target's decode step 175 -> 139 ms)."""
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -92,6 +97,11 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
+
+    @property
+    def decoder(self) -> LeanDecoder | None:
+        """The lean one-sequence forward pass over this model (models/lean.py), where it supports it."""
+        return lean_decoder(self.model)
 
 
 def cpu_threads(role: str, requested: int | None = None) -> int:
@@ -142,6 +152,8 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
     model.eval()
     if quantization == "int8":
         model = quantize_int8(model, device)
+    elif config.pack_weights and device.type == "cpu" and dtype == torch.bfloat16:
+        pack_linears(model)
     gc.collect()  # conversion and quantization leave float32 copies in reference cycles; free them now
     loaded = LoadedModel(
         name=config.name,
@@ -154,6 +166,8 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
         load_s=time.perf_counter() - started,
     )
     logger.info("loaded %s on %s in %s in %.1fs", config.name, device, str(dtype), loaded.load_s)
+    if (why_not := unsupported_reason(model)) is not None:
+        logger.info("%s runs transformers' forward pass (the lean pass does not support its %s)", config.name, why_not)
     return loaded
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specserve.models.lean import LeanDecoder
 from specserve.models.loading import LoadedModel
 
 
@@ -26,8 +27,9 @@ def check_prompt(token_ids: list[int], loaded: LoadedModel) -> None:
 class CachedSequence:
     """Tokens 0..num_cached-1 are in the KV cache; the rest are pending until the next feed()."""
 
-    def __init__(self, model: PreTrainedModel, token_ids: list[int]) -> None:
+    def __init__(self, model: PreTrainedModel, token_ids: list[int], decoder: LeanDecoder | None = None) -> None:
         self.model = model
+        self.decoder = decoder  # the same pass as model(...) with less framework per call; None: model(...)
         self.token_ids = list(token_ids)
         self.cache = DynamicCache(config=model.config)
         self.num_cached = 0
@@ -52,6 +54,11 @@ class CachedSequence:
         end = len(self.token_ids) if upto is None else upto
         assert self.num_cached < end <= len(self.token_ids), (self.num_cached, end, len(self.token_ids))
         assert 0 < num_logits <= end - self.num_cached
+        if self.decoder is not None:
+            new_token_ids = self.token_ids[self.num_cached : end]
+            logits = self.decoder.forward(new_token_ids, self.num_cached, self.cache, num_logits)
+            self.num_cached = end
+            return logits
         device = self.model.device
         input_ids = torch.tensor([self.token_ids[self.num_cached : end]], dtype=torch.long, device=device)
         cache_position = torch.arange(self.num_cached, end, device=device)
