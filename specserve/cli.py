@@ -428,6 +428,9 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     parser.add_argument("--device", default="auto")
     parser.add_argument("--quantization", default="auto" if role == "draft" else "none", choices=QUANTIZATIONS)
     parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument(
+        "--no-pack-weights", action="store_true", help="CPU bfloat16: keep Linear weights as loaded (not prepacked)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 opens it to the network")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--max-sessions", type=int, default=256)
@@ -446,7 +449,8 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     args = parser.parse_args(argv)
     _configure_logging(verbose=True, log_format=args.log_format)
     try:
-        model = ModelConfig(args.model, args.device, args.dtype, args.trust_remote_code, args.quantization)
+        model = ModelConfig(args.model, args.device, args.dtype, args.trust_remote_code, args.quantization,
+                            pack_weights=not args.no_pack_weights)  # fmt: skip
         tls = None
         if args.tls_cert or args.tls_key or args.tls_ca:
             mutual = args.tls_ca is not None

@@ -26,7 +26,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def _worker_command(role: str, model: ModelConfig, port: int) -> list[str]:
     command = [sys.executable, "-m", f"{role}_service", "--model", model.name, "--port", str(port)]
     command += ["--dtype", model.dtype, "--device", model.device, "--quantization", model.quantization]
-    return command + (["--trust-remote-code"] if model.trust_remote_code else [])
+    command += ["--trust-remote-code"] if model.trust_remote_code else []
+    return command + ([] if model.pack_weights else ["--no-pack-weights"])
 
 
 @contextmanager

@@ -183,19 +183,7 @@ def _modes(
             mode = ModeResult(f"specserve k={k}+stop", "speculative", k, stop_settings)
             modes.append((mode, _ours(stopping, k, cfg)))
     if cfg.hf:
-        target_only = f"target {_dtype(target)}"
-        modes.append((ModeResult("hf target-only", "target-only", 0, target_only), _peer(target, None, None, cfg)))
-        for k in cfg.hf_ks:
-            modes.append((ModeResult(f"hf assisted k={k}", "peer", k, settings), _peer(target, draft, k, cfg)))
-        defaults = ModeResult("hf assisted default", "peer", 20, settings + ", HF defaults")
-        modes.append((defaults, _peer(target, draft, None, cfg)))
-        if cfg.hf_plain_target and any(isinstance(m, PackedLinear) for m in target.model.modules()):
-            plain = load_model(ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False), home)
-            shipped = f"target {_dtype(plain)}, plain weights"
-            plain_only = ModeResult("hf target-only plain", "target-only", 0, shipped)
-            modes.append((plain_only, _peer(plain, None, None, cfg)))
-            plain_defaults = ModeResult("hf assisted default plain", "peer", 20, f"{shipped}, draft {_dtype(draft)}")
-            modes.append((plain_defaults, _peer(plain, draft, None, cfg)))
+        modes += _peer_modes(cfg, target, draft, home)
     if cfg.hf_fp32_draft:
         fp32_draft = load_model(ModelConfig(cfg.draft, dtype="float32", quantization="none"), home)
         fp32 = f"target {_dtype(target)}, draft {_dtype(fp32_draft)}"
@@ -204,6 +192,27 @@ def _modes(
             modes.append((ModeResult(f"hf assisted k={k} fp32 draft", "peer", k, fp32), peer))
         ours = _ours(SpeculativeEngine(target, fp32_draft), 4, cfg)
         modes.append((ModeResult("specserve k=4 fp32 draft", "speculative", 4, fp32), ours))
+    return modes
+
+
+def _peer_modes(
+    cfg: BenchConfig, target: LoadedModel, draft: LoadedModel, home: Path | None
+) -> list[tuple[ModeResult, Runner]]:
+    """HF's target-only, assisted generation at each constant k and at its defaults; all again on a target
+    loaded as transformers ships it, when ours has prepacked weights."""
+    targets = [(target, "")]
+    if cfg.hf_plain_target and any(isinstance(m, PackedLinear) for m in target.model.modules()):
+        plain = load_model(ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False), home)
+        targets.append((plain, " plain"))
+    modes: list[tuple[ModeResult, Runner]] = []
+    for model, suffix in targets:
+        weights = f"target {_dtype(model)}" + (", plain weights" if suffix else "")
+        modes.append((ModeResult(f"hf target-only{suffix}", "target-only", 0, weights), _peer(model, None, None, cfg)))
+        settings = f"{weights}, draft {_dtype(draft)}"
+        for k in cfg.hf_ks:
+            modes.append((ModeResult(f"hf assisted k={k}{suffix}", "peer", k, settings), _peer(model, draft, k, cfg)))
+        defaults = ModeResult(f"hf assisted default{suffix}", "peer", 20, settings + ", HF defaults")
+        modes.append((defaults, _peer(model, draft, None, cfg)))
     return modes
 
 

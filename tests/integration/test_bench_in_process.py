@@ -11,10 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from specserve.bench.report import machine
 from specserve.bench.runner import BenchConfig, run_bench
+from specserve.models.packing import packing_supported
 
 
 def test_the_in_process_bench_with_the_early_stop_modes() -> None:
@@ -66,3 +68,16 @@ def test_speedups_are_against_the_fastest_target_only_setting_the_peer_s_include
     fastest = max(target_only, key=lambda row: row["tokens_per_second"])
     assert summary["baseline"] == fastest["mode"] and fastest["speedup_vs_target"] == 1.0
     assert all(row["speedup_vs_target"] <= 1.0 for row in target_only)
+
+
+@pytest.mark.skipif(not packing_supported(), reason="this CPU has no oneDNN bfloat16 support")
+def test_a_packed_target_runs_the_peer_again_on_plain_weights() -> None:
+    cfg = BenchConfig(
+        target="tiny", draft="tiny-draft", num_prompts=1, max_tokens=12, ks=(2,), target_dtype="bfloat16",
+        baseline_dtypes=("bfloat16",), draft_quantization="none", hf=True, hf_ks=(2,), hf_fp32_draft=False,
+    )  # fmt: skip
+    rows = {row["mode"]: row for row in run_bench(cfg)["modes"]}
+    peer = ["hf target-only", "hf assisted k=2", "hf assisted default"]
+    assert list(rows) == ["target-only bfloat16", "specserve k=2", *peer, *(f"{name} plain" for name in peer)]
+    assert all("plain weights" in rows[f"{name} plain"]["settings"] for name in peer)
+    assert rows["hf target-only plain"]["identical_to_target_only"] == "1/1"  # packing changes no logit
