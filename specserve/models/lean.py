@@ -73,15 +73,17 @@ class LeanDecoder:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         hidden = model.model.embed_tokens(input_ids)  # [1, T, hidden]
         cos, sin = self._rope(start, num_new, hidden.dtype)  # [1, 1, T, head_dim]
-        mask = None
-        if num_new > 1:  # lower-right causal over cache + new tokens, as transformers' sdpa mask
+        # as transformers' sdpa path: no mask for one token or an empty cache (is_causal then), else a
+        # lower-right causal mask over cache + new tokens
+        mask, causal = None, start == 0 and num_new > 1
+        if start > 0 and num_new > 1:
             total = start + num_new
             mask = torch.arange(total, device=self.device) <= torch.arange(start, total, device=self.device)[:, None]
             mask = mask[None, None]  # [1, 1, T, start + T]
         for layer_idx, layer in enumerate(model.model.layers):
             residual = hidden
             hidden = _rms_norm(layer.input_layernorm, hidden)
-            hidden = residual + self._attend(layer.self_attn, hidden, cos, sin, cache, layer_idx, mask)
+            hidden = residual + self._attend(layer.self_attn, hidden, cos, sin, cache, layer_idx, mask, causal)
             residual, mlp = hidden, layer.mlp
             hidden = _rms_norm(layer.post_attention_layernorm, hidden)
             hidden = residual + mlp.down_proj(F.silu(mlp.gate_proj(hidden)) * mlp.up_proj(hidden))
@@ -97,6 +99,7 @@ class LeanDecoder:
         cache: DynamicCache,
         layer_idx: int,
         mask: torch.Tensor | None,
+        causal: bool,
     ) -> torch.Tensor:
         shape = (*hidden.shape[:-1], -1, self.head_dim)
         query = attention.q_proj(hidden).view(shape).transpose(1, 2)  # [1, heads, T, head_dim]
@@ -104,8 +107,10 @@ class LeanDecoder:
         value = attention.v_proj(hidden).view(shape).transpose(1, 2)
         query, key = query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
         key, value = cache.update(key, value, layer_idx)
-        if mask is None:  # one new token: no mask, grouped heads inside SDPA
-            out = F.scaled_dot_product_attention(query, key, value, scale=self.scaling, enable_gqa=True)
+        if mask is None:  # grouped heads inside SDPA
+            out = F.scaled_dot_product_attention(
+                query, key, value, scale=self.scaling, is_causal=causal, enable_gqa=True
+            )
         else:  # a mask: transformers repeats the key/value heads instead
             key, value = _repeat_kv(key, self.num_kv_groups), _repeat_kv(value, self.num_kv_groups)
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=self.scaling)
