@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.core.types import Proposal, SamplingParams
-from specserve.core.verify import DRAFT_STREAM, logits_to_probs, make_generator, sample, truncate_support
+from specserve.core.types import Proposal, SamplingParams, SparseProbs
+from specserve.core.verify import DRAFT_STREAM, logits_to_probs, make_generator, top_support
 from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids
@@ -108,7 +108,7 @@ class DraftSession:
             raise ValueError("the prompt must contain at least one token")
         self.sequence = CachedSequence(loaded.model, prompt_token_ids, loaded.decoder)
         self.generator = make_generator(seed, DRAFT_STREAM)
-        self._probs_rows: list[torch.Tensor] = []
+        self._support_rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token ids, probs) per draft
         self.confidence_threshold = 0.0  # for propose(); the service passes one per call instead
 
     def prefill(self, max_tokens: int | None = None) -> bool:
@@ -131,17 +131,18 @@ class DraftSession:
             logits = logits.float()
             confidence = float(torch.exp(logits[token_id] - torch.logsumexp(logits, dim=-1)))
         else:
-            probs = truncate_support(logits_to_probs(logits[None], sampling))[0]
-            self._probs_rows.append(probs)
-            token_id = sample(probs, self.generator)
-            confidence = float(probs[token_id])
+            support_ids, support_probs = top_support(logits_to_probs(logits[None], sampling)[0])
+            self._support_rows.append((support_ids, support_probs))
+            index = int(torch.multinomial(support_probs, 1, generator=self.generator))
+            token_id, confidence = int(support_ids[index]), float(support_probs[index])
         self.sequence.token_ids.append(token_id)
         return confidence
 
     def take_proposal(self, start: int) -> Proposal:
         """The tokens drafted since `start`, with their distributions when sampling."""
-        rows, self._probs_rows = self._probs_rows, []
-        return Proposal(self.sequence.token_ids[start:], torch.stack(rows) if rows else None)
+        rows, self._support_rows = self._support_rows, []
+        probs = SparseProbs(tuple(ids for ids, _ in rows), tuple(p for _, p in rows)) if rows else None
+        return Proposal(self.sequence.token_ids[start:], probs)
 
     def commit(self, num_kept: int, new_token_ids: list[int]) -> None:
         self.sequence.truncate(num_kept)

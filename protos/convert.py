@@ -7,8 +7,7 @@ import torch
 from protos import specserve_pb2 as pb
 from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
-from specserve.core.types import Proposal, SamplingParams, Verdict
-from specserve.core.verify import sparse_rows
+from specserve.core.types import Proposal, SamplingParams, SparseProbs, Verdict
 from specserve.models.loading import LoadedModel
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 
@@ -21,35 +20,30 @@ def sampling_from_proto(message: pb.SamplingParams, seed: int | None = None) -> 
     return SamplingParams(message.temperature, message.top_p or 1.0, message.top_k, seed)  # validates
 
 
-def probs_to_proto(probs: torch.Tensor | None) -> pb.SparseProbs | None:
-    """probs: [k, vocab] -> only each row's support."""
+def probs_to_proto(probs: SparseProbs | None) -> pb.SparseProbs | None:
     if probs is None:
         return None
-    message = pb.SparseProbs()
-    for token_ids, values in sparse_rows(probs):
-        message.row_lengths.append(len(token_ids))
-        message.token_ids.extend(token_ids)
-        message.probs.extend(values)
-    return message
+    return pb.SparseProbs(
+        row_lengths=[len(token_ids) for token_ids in probs.token_ids],
+        token_ids=[token_id for token_ids in probs.token_ids for token_id in token_ids.tolist()],
+        probs=[value for values in probs.probs for value in values.tolist()],
+    )
 
 
-def probs_from_proto(message: pb.SparseProbs, vocab_size: int) -> torch.Tensor:
-    """-> [k, vocab] float32. Raises ValueError on a malformed message."""
+def probs_from_proto(message: pb.SparseProbs, vocab_size: int) -> SparseProbs:
+    """Raises ValueError on a malformed message."""
     lengths = list(message.row_lengths)
     if sum(lengths) != len(message.token_ids) or len(message.token_ids) != len(message.probs):
         raise ValueError("draft_probs: row_lengths, token_ids and probs do not line up")
-    dense = torch.zeros(len(lengths), vocab_size, dtype=torch.float32)
-    if not lengths:
-        return dense
-    rows = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.long))
-    columns = torch.tensor(list(message.token_ids), dtype=torch.long)
-    if columns.numel() and (columns.min() < 0 or columns.max() >= vocab_size):
+    if any(length < 0 for length in lengths):  # a negative length could still sum up right
+        raise ValueError("draft_probs: row_lengths must be >= 0")
+    token_ids = torch.tensor(list(message.token_ids), dtype=torch.long)
+    if token_ids.numel() and (token_ids.min() < 0 or token_ids.max() >= vocab_size):
         raise ValueError(f"draft_probs: token ids must be in [0, {vocab_size})")
-    values = torch.tensor(list(message.probs), dtype=torch.float32)
-    if not torch.isfinite(values).all() or (values < 0).any():
+    probs = torch.tensor(list(message.probs), dtype=torch.float32)
+    if not torch.isfinite(probs).all() or (probs < 0).any():
         raise ValueError("draft_probs: probabilities must be finite and >= 0")
-    dense[rows, columns] = values
-    return dense
+    return SparseProbs(token_ids.split(lengths), probs.split(lengths))
 
 
 def proposal_to_proto(proposal: Proposal) -> pb.ProposeResponse:
@@ -57,14 +51,13 @@ def proposal_to_proto(proposal: Proposal) -> pb.ProposeResponse:
 
 
 def proposal_from_proto(token_ids: list[int], probs: pb.SparseProbs | None, vocab_size: int) -> Proposal:
-    # checked before densifying: a few MB of row_lengths would otherwise allocate [rows, vocab] floats
+    # checked first: the target densifies the rows, and a few MB of row_lengths would be [rows, vocab] floats
     if len(token_ids) > MAX_NUM_SPECULATIVE_TOKENS:
         raise ValueError(f"at most {MAX_NUM_SPECULATIVE_TOKENS} draft tokens per round, got {len(token_ids)}")
     num_rows = len(probs.row_lengths) if probs is not None else 0
     if num_rows and num_rows != len(token_ids):
         raise ValueError(f"draft_probs has {num_rows} rows for {len(token_ids)} draft tokens")
-    dense = probs_from_proto(probs, vocab_size) if probs is not None and num_rows else None
-    return Proposal(list(token_ids), dense)
+    return Proposal(list(token_ids), probs_from_proto(probs, vocab_size) if probs is not None and num_rows else None)
 
 
 def verdict_to_proto(verdict: Verdict) -> pb.VerifyResponse:

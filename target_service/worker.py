@@ -110,7 +110,7 @@ class TargetSession:
             if k and proposal.probs is None:
                 raise ValueError("sampled verification needs the draft probabilities")
             target_probs = logits_to_probs(target_logits, sampling)  # [k + 1, vocab]
-            draft_probs = proposal.probs if k else target_probs[:0]  # [k, vocab]
+            draft_probs = proposal.probs.to_dense(target_probs.shape[-1]) if k else target_probs[:0]  # [k, vocab]
             verdict = rejection_sample(proposal.token_ids, draft_probs, target_probs, self.generator)
         self.sequence.truncate(num_context + verdict.num_accepted)
         self.sequence.token_ids.append(verdict.token_ids[-1])

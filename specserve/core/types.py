@@ -34,11 +34,33 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class SparseProbs:
+    """Distributions over the vocabulary given by their support: row i puts probs[i][j] on token_ids[i][j]
+    and nothing elsewhere. A draft samples from a few dozen tokens, not the whole vocabulary."""
+
+    token_ids: tuple[torch.Tensor, ...]  # per row [m_i] int64
+    probs: tuple[torch.Tensor, ...]  # per row [m_i] float32
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __getitem__(self, rows: slice) -> SparseProbs:
+        return SparseProbs(self.token_ids[rows], self.probs[rows])
+
+    def to_dense(self, vocab_size: int) -> torch.Tensor:
+        """-> [rows, vocab_size] float32."""
+        dense = torch.zeros(len(self), vocab_size, dtype=torch.float32)
+        for row, token_ids, probs in zip(dense, self.token_ids, self.probs):
+            row[token_ids] = probs
+        return dense
+
+
+@dataclass(frozen=True, slots=True)
 class Proposal:
     """What the draft proposes for one round."""
 
     token_ids: list[int]  # k proposed tokens
-    probs: torch.Tensor | None = None  # [k, vocab] the draft distribution they were sampled from; None if greedy
+    probs: SparseProbs | None = None  # k rows: the draft distribution they were sampled from; None if greedy
 
 
 @dataclass(frozen=True, slots=True)

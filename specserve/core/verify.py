@@ -80,22 +80,21 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Ten
 DRAFT_SUPPORT_MASS = 0.9999
 
 
-def truncate_support(probs: torch.Tensor, mass: float = DRAFT_SUPPORT_MASS) -> torch.Tensor:
-    """probs: [n, vocab] -> [n, vocab], each row cut to its smallest top set reaching `mass`, renormalised."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    keep_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) < mass  # the top token always stays
-    keep = keep_sorted.scatter(-1, order, keep_sorted)
-    kept = probs * keep
-    return kept / kept.sum(dim=-1, keepdim=True)
+def top_support(probs: torch.Tensor, mass: float = DRAFT_SUPPORT_MASS) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs: [vocab] -> (token ids [m], probabilities [m]): the smallest top set reaching `mass`, renormalised.
 
-
-def sparse_rows(probs: torch.Tensor) -> list[tuple[list[int], list[float]]]:
-    """probs: [n, vocab] -> per row, (token ids, probabilities) of its non-zero entries."""
-    rows = []
-    for row in probs:
-        token_ids = row.nonzero().squeeze(1)
-        rows.append((token_ids.tolist(), row[token_ids].tolist()))
-    return rows
+    A partial top-k, widened until it holds the mass, costs a fraction of sorting the vocabulary."""
+    vocab = probs.numel()
+    count = min(64, vocab)
+    while True:
+        top, token_ids = probs.topk(count)  # descending
+        cumulative = top.cumsum(0)
+        if cumulative[-1] >= mass or count == vocab:
+            break
+        count = min(16 * count, vocab)
+    num_kept = int((cumulative - top < mass).sum())  # a prefix, and the top token always stays
+    kept = top[:num_kept]
+    return token_ids[:num_kept], kept / kept.sum()
 
 
 DRAFT_STREAM, TARGET_STREAM = 0, 1
@@ -113,8 +112,3 @@ def make_generator(seed: int | None, stream: int) -> torch.Generator:
             value %= 1 << 64
         generator.manual_seed(value)
     return generator
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """probs: [vocab]."""
-    return int(torch.multinomial(probs, 1, generator=generator))

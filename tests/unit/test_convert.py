@@ -8,26 +8,41 @@ import torch
 from protos import convert
 from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
-from specserve.core.types import SamplingParams
-from specserve.core.verify import DRAFT_SUPPORT_MASS, truncate_support
+from specserve.core.types import SamplingParams, SparseProbs
+from specserve.core.verify import DRAFT_SUPPORT_MASS, top_support
 
 
-def test_truncate_support_keeps_the_mass_and_renormalises() -> None:
-    probs = torch.softmax(torch.randn(3, 1000, generator=torch.Generator().manual_seed(0)) * 4, dim=-1)
-    cut = truncate_support(probs)
-    assert torch.allclose(cut.sum(-1), torch.ones(3))
-    for row, original in zip(cut, probs):
-        kept = row > 0
+def _distributions() -> torch.Tensor:
+    """[4, 5000]: peaked rows, whose support is a few tokens, and flat ones that need most of the vocabulary."""
+    logits = torch.randn(4, 5000, generator=torch.Generator().manual_seed(0))
+    return torch.softmax(logits * torch.tensor([[8.0], [4.0], [0.5], [0.0]]), dim=-1)
+
+
+def test_top_support_is_the_smallest_top_set_holding_the_mass() -> None:
+    for original in _distributions():
+        token_ids, probs = top_support(original)
+        assert probs.sum() == pytest.approx(1.0) and len(set(token_ids.tolist())) == len(token_ids)
+        kept = torch.zeros(5000, dtype=torch.bool)
+        kept[token_ids] = True
         assert original[kept].sum() >= DRAFT_SUPPORT_MASS - 1e-6
-        assert kept.sum() < 1000  # something was cut
-        assert original[kept].min() >= original[~kept].max()  # the top tokens are the ones kept
+        assert original[token_ids[:-1]].sum() < DRAFT_SUPPORT_MASS + 1e-6  # one token fewer would not do
+        if not kept.all():  # the flat row needs every token
+            assert original[kept].min() >= original[~kept].max()  # the top tokens are the ones kept
+        assert torch.allclose(probs, original[token_ids] / original[kept].sum())
+    sizes = [len(top_support(row)[0]) for row in _distributions()]
+    assert sizes[0] < 64 < sizes[2] < sizes[3] == 5000  # a partial top-k widened as far as needed
 
 
 def test_sparse_probs_round_trip_exactly() -> None:
-    probs = truncate_support(torch.softmax(torch.randn(4, 300) * 3, dim=-1))
+    rows = [top_support(row) for row in _distributions()[:2]]
+    probs = SparseProbs(tuple(ids for ids, _ in rows), tuple(p for _, p in rows))
     message = convert.probs_to_proto(probs)
-    assert len(message.token_ids) < 4 * 300
-    assert torch.equal(convert.probs_from_proto(message, 300), probs)
+    assert list(message.row_lengths) == [len(ids) for ids, _ in rows] and len(message.token_ids) < 2 * 5000
+    back = convert.probs_from_proto(message, 5000)
+    assert torch.equal(back.to_dense(5000), probs.to_dense(5000))
+    dense = probs.to_dense(5000)
+    assert torch.allclose(dense.sum(-1), torch.ones(2)) and (dense[1] > 0).sum() == len(rows[1][0])
+    assert torch.equal(probs[1:].to_dense(5000), dense[1:])
 
 
 @pytest.mark.parametrize(
@@ -38,6 +53,7 @@ def test_sparse_probs_round_trip_exactly() -> None:
         ([1], [-1], [1.0], "token ids"),
         ([1], [3], [float("nan")], "finite"),
         ([1], [3], [-1.0], ">= 0"),
+        ([-1, 2], [3], [1.0], "row_lengths must be >= 0"),
     ],
 )
 def test_malformed_sparse_probs_are_refused(
