@@ -16,6 +16,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from deploy.actors import FAILED, IDLE, LISTENING, WorkerActor
 from deploy.config import ROLES, DeployConfig, RoleConfig
 from orchestrator.replicas import Drain
+from specserve.openmp import openmp_env
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class RayFleet:
                 accelerator_type=role_config.accelerator_type,
                 max_restarts=role_config.max_restarts,
                 max_concurrency=4,  # status() answers while start() or stop() runs
+                runtime_env={"env_vars": openmp_env()},  # set before the actor's process loads torch
             )
             .remote(role, service, role_config.cpu_threads)
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from protos import specserve_pb2 as pb
@@ -37,12 +39,14 @@ def probs_from_proto(message: pb.SparseProbs, vocab_size: int) -> SparseProbs:
         raise ValueError("draft_probs: row_lengths, token_ids and probs do not line up")
     if any(length < 0 for length in lengths):  # a negative length could still sum up right
         raise ValueError("draft_probs: row_lengths must be >= 0")
-    token_ids = torch.tensor(list(message.token_ids), dtype=torch.long)
-    if token_ids.numel() and (token_ids.min() < 0 or token_ids.max() >= vocab_size):
+    # checked in Python, not by torch reductions: this runs on a worker's event loop thread, and a torch
+    # op large enough to go parallel there would start a second OpenMP team (see specserve.rpc.serve_worker)
+    ids, values = list(message.token_ids), list(message.probs)
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
         raise ValueError(f"draft_probs: token ids must be in [0, {vocab_size})")
-    probs = torch.tensor(list(message.probs), dtype=torch.float32)
-    if not torch.isfinite(probs).all() or (probs < 0).any():
+    if values and (min(values) < 0 or not math.isfinite(sum(values))):  # a NaN or inf makes the sum one
         raise ValueError("draft_probs: probabilities must be finite and >= 0")
+    token_ids, probs = torch.tensor(ids, dtype=torch.long), torch.tensor(values, dtype=torch.float32)
     return SparseProbs(token_ids.split(lengths), probs.split(lengths))
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from specserve.cli import run_worker_service
-from target_service.server import serve
+from specserve.openmp import configure_openmp
+
+configure_openmp()  # before torch loads
+
+from specserve.cli import run_worker_service  # noqa: E402
+from target_service.server import serve  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(run_worker_service("target", serve))

@@ -6,6 +6,7 @@ transformers dequantizes every GGUF tensor in Python on each load.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import logging
@@ -155,6 +156,7 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
     elif config.pack_weights and device.type == "cpu" and dtype == torch.bfloat16:
         pack_linears(model)
     gc.collect()  # conversion and quantization leave float32 copies in reference cycles; free them now
+    _return_freed_memory()
     loaded = LoadedModel(
         name=config.name,
         model=model,
@@ -169,6 +171,16 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
     if (why_not := unsupported_reason(model)) is not None:
         logger.info("%s runs transformers' forward pass (the lean pass does not support its %s)", config.name, why_not)
     return loaded
+
+
+def _return_freed_memory() -> None:
+    """Give the heap memory the load freed (float32 copies, unpacked weights) back to the system: glibc
+    keeps it for reuse otherwise, and a loaded 1.5B target stayed at 6.7 GB resident instead of 3.95."""
+    try:
+        malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return
+    malloc_trim(0)
 
 
 @torch.no_grad()
