@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+import torch
 
 from draft_service.worker import DraftWorker, ProposeCall
 from protos import convert
@@ -10,6 +11,7 @@ from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from protos.session_servicer import SessionServicer
 from specserve.core.types import Proposal
+from specserve.placement import usable_cpu_count
 from specserve.rpc import BatchQueue, unary_errors
 
 
@@ -17,10 +19,24 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
     executor_name = "draft-model"
     worker: DraftWorker
     queue: BatchQueue[ProposeCall, Proposal]
+    cpu_threads: tuple[int, int] | None = None
+    """On the CPU: (the draft's own share of the cores, every core it may use)."""
 
     def attach(self, worker: DraftWorker) -> None:
         super().attach(worker)
-        self.queue = BatchQueue(self.executor, worker.propose_batch, lambda c: c.session_id, self.max_batch_size)
+        if worker.loaded.device.type == "cpu":
+            self.cpu_threads = (torch.get_num_threads(), max(torch.get_num_threads(), usable_cpu_count()))
+        self.queue = BatchQueue(self.executor, self.propose_batch, lambda c: c.session_id, self.max_batch_size)
+
+    def propose_batch(self, calls: list[ProposeCall]) -> list[Proposal | Exception]:
+        """On the model thread. A batch whose targets all wait for it runs on every core: the orchestrator
+        says so only when the draft shares its cores with a target that has nothing else to do."""
+        if self.cpu_threads is not None:
+            own, every = self.cpu_threads
+            threads = every if all(call.target_idle for call in calls) else own
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+        return self.worker.propose_batch(calls)
 
     @unary_errors
     async def Propose(self, request: pb.ProposeRequest, context: grpc.aio.ServicerContext) -> pb.ProposeResponse:
@@ -31,7 +47,7 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
             raise ValueError(f"confidence_threshold must be in [0, 1], got {request.confidence_threshold}")
         call = ProposeCall(
             request.session_id, request.num_kept, list(request.new_token_ids), request.k, sampling,
-            request.confidence_threshold,
+            request.confidence_threshold, request.target_idle,
         )  # fmt: skip
         proposal, seconds, batch = await self.queue.submit(call)
         response = convert.proposal_to_proto(proposal)

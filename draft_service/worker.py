@@ -24,6 +24,8 @@ class ProposeCall:
     sampling: SamplingParams
     confidence_threshold: float = 0.0
     """Stop the window after a draft token the draft gave less than this probability (0: never)."""
+    target_idle: bool = False
+    """The session's target waits for this proposal (see DraftServicer.propose_batch)."""
 
 
 class DraftWorker:

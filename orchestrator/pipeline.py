@@ -54,6 +54,8 @@ class RequestPlan:
     max_context: int
     vocab_size: int
     pipelined: bool = True
+    yield_shared_cores: bool = True
+    """Alone on a draft and a target that share CPU cores: no pre-draft, and the draft takes every core."""
     failover_timeout_s: float = 120.0
     """How long the request waits for a usable target replica (e.g. while Ray restarts the only one)."""
     adaptive: bool = False
@@ -62,6 +64,8 @@ class RequestPlan:
     """A proposal later than this is given up: the round goes target-only (see RemoteRequest._propose)."""
     confidence_threshold: float = 0.0
     """The draft ends a window after a token it gave less than this probability."""
+    sequential_confidence_threshold: float = 0.0
+    """At least this, for a round that is not pre-drafted (OrchestratorConfig)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +268,7 @@ class RemoteRequest:
             proposal = Proposal(proposal.token_ids[:k], None if proposal.probs is None else proposal.probs[:k])
             t1 = time.perf_counter()
             context_length = decoder.context_length
-            predraft = self._start_predraft(proposal) if self.plan.pipelined else None
+            predraft = self._start_predraft(proposal) if self._pipelined() else None
             verdict = await self._verify(proposal)
             t2 = time.perf_counter()
             ready = await self._settle_predraft(predraft, proposal, verdict)
@@ -295,11 +299,30 @@ class RemoteRequest:
     def _batch_size(self) -> int:
         return max(1, self.target.num_sessions if self.target is not None else 1)
 
+    def _pipelined(self) -> bool:
+        return self.plan.pipelined and not self._alone_on_shared_cores()
+
+    def _alone_on_shared_cores(self) -> bool:
+        """The only session (of this orchestrator) on a draft and a target that share CPU cores: then the
+        target waits for each proposal, and the draft may use all the cores meanwhile."""
+        if not self.plan.yield_shared_cores or self.draft is None or self.target is None:
+            return False
+        if self.draft.num_sessions != 1 or self.target.num_sessions != 1:
+            return False
+        draft, target = self.draft.info, self.target.info
+        if draft is None or target is None or draft.placement is None or target.placement is None:
+            return False
+        return draft.placement.shares_cores_with(target.placement)
+
     async def _propose(self, k: int) -> Proposal:
         self._reattach_draft()
         if self.draft is None or k == 0:
             return Proposal([])
         started = time.perf_counter()
+
+        threshold = self.plan.confidence_threshold
+        if not self._pipelined():
+            threshold = max(threshold, self.plan.sequential_confidence_threshold)
 
         async def propose(client: DraftClient) -> tuple[Proposal, float]:
             num_kept = min(self._draft_valid, self._draft_length)
@@ -307,7 +330,8 @@ class RemoteRequest:
             try:
                 result = await client.propose(
                     self.session_id, num_kept, new_token_ids, k, self.plan.sampling, self.plan.vocab_size,
-                    timeout_s=self.plan.draft_timeout_s, confidence_threshold=self.plan.confidence_threshold,
+                    timeout_s=self.plan.draft_timeout_s, confidence_threshold=threshold,
+                    target_idle=self._alone_on_shared_cores(),
                 )  # fmt: skip
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -11,6 +11,7 @@ from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import Proposal, SamplingParams, Verdict
+from specserve.placement import Placement
 from specserve.rpc import server_options
 from specserve.security import TLSConfig, aio_channel
 
@@ -39,6 +40,7 @@ class ModelInfo:
     vocab_size: int
     max_context: int
     eos_token_ids: frozenset[int]
+    placement: Placement | None = None
 
 
 class _WorkerClient:
@@ -87,6 +89,7 @@ class DraftClient(_WorkerClient):
         vocab_size: int,
         timeout_s: float | None = None,
         confidence_threshold: float = 0.0,
+        target_idle: bool = False,
     ) -> tuple[Proposal, PassReport]:
         """`timeout_s` (default: the round deadline) lets the caller give up sooner on a slow draft."""
         request = pb.ProposeRequest(
@@ -96,6 +99,7 @@ class DraftClient(_WorkerClient):
             k=k,
             sampling=convert.sampling_to_proto(sampling),
             confidence_threshold=confidence_threshold,
+            target_idle=target_idle,
         )
         response = await self.stub.Propose(request, timeout=timeout_s or self.deadlines.round_s)
         probs = response.probs if response.HasField("probs") else None
@@ -130,4 +134,5 @@ def _model_info(message: pb.ModelInfoResponse) -> ModelInfo:
         message.vocab_size,
         message.max_context,
         frozenset(message.eos_token_ids),
+        convert.placement_from_proto(message),
     )

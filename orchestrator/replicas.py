@@ -71,6 +71,7 @@ WorkerClient = DraftClient | TargetClient
 class Replica:
     address: str
     client: WorkerClient
+    info: ModelInfo | None = None
     num_sessions: int = 0
     draining: bool = False
     failed: bool = False
@@ -197,7 +198,7 @@ class ReplicaPool:
             await client.close()
             return
         self.info = self.info or info
-        self.replicas[address] = Replica(address, client)
+        self.replicas[address] = Replica(address, client, info)
         logger.info("%s replica %s joined (%d serving)", self.role, address, len(self.replicas))
 
     def _remove(self, address: str, why: str) -> None:

@@ -37,8 +37,17 @@ class OrchestratorConfig:
     draft_confidence_threshold: float = 0.0
     """The draft ends a window early after a token it gave less than this probability (0: never; exact
     either way: the target checks each drafted token as before)."""
+    sequential_confidence_threshold: float = 0.4
+    """The same, at least, for rounds that run one after the other (unpipelined, or a lone session on
+    shared cores): there each draft step is paid in full, and a token the draft was unsure of is likely
+    rejected. Pre-drafted rounds keep draft_confidence_threshold: a shorter window is less often accepted
+    whole, and the pre-draft continues only whole acceptances. 0.4 is Hugging Face's default."""
     pipelined: bool = True
     """Pre-draft the next window while the target verifies this one."""
+    yield_shared_cores: bool = True
+    """A session alone on a draft and a target that share CPU cores (one machine, no GPU) runs its rounds
+    one after the other instead, the draft on every core (specserve/placement.py). False: pipelined and
+    the draft's share of the cores regardless."""
     host: str = "127.0.0.1"
     """Interface of the public API; 0.0.0.0 opens it to the network."""
     port: int = 50051
@@ -80,8 +89,9 @@ class OrchestratorConfig:
             raise ValueError(f"num_speculative_tokens must be in [0, {limit}], got {k}")
         if not 1 <= self.max_adaptive_k <= MAX_NUM_SPECULATIVE_TOKENS:
             raise ValueError(f"max_adaptive_k must be in [1, {MAX_NUM_SPECULATIVE_TOKENS}], got {self.max_adaptive_k}")
-        if not 0.0 <= self.draft_confidence_threshold <= 1.0:
-            raise ValueError(f"draft_confidence_threshold must be in [0, 1], got {self.draft_confidence_threshold}")
+        for name in ("draft_confidence_threshold", "sequential_confidence_threshold"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
@@ -152,10 +162,12 @@ class Orchestrator:
             max_context=info.max_context,
             vocab_size=info.vocab_size,
             pipelined=self.config.pipelined if pipelined is None else pipelined,
+            yield_shared_cores=self.config.yield_shared_cores,
             failover_timeout_s=self.config.failover_timeout_s,
             adaptive=adaptive,
             draft_timeout_s=self.config.draft_timeout_s,
             confidence_threshold=self.config.draft_confidence_threshold,
+            sequential_confidence_threshold=self.config.sequential_confidence_threshold,
         )
         return RemoteRequest(self.target_pool, self.draft_pool, plan, self.decode, self.admission)
 

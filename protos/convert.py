@@ -11,6 +11,7 @@ from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
 from specserve.core.types import Proposal, SamplingParams, SparseProbs, Verdict
 from specserve.models.loading import LoadedModel
+from specserve.placement import Placement
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 
 
@@ -72,14 +73,23 @@ def verdict_from_proto(message: pb.VerifyResponse) -> Verdict:
     return Verdict(list(message.token_ids), message.num_accepted)
 
 
-def model_info_to_proto(loaded: LoadedModel, fingerprint: str) -> pb.ModelInfoResponse:
+def model_info_to_proto(loaded: LoadedModel, fingerprint: str, placement: Placement) -> pb.ModelInfoResponse:
     return pb.ModelInfoResponse(
         model=loaded.name,
         tokenizer_fingerprint=fingerprint,
         vocab_size=loaded.vocab_size,
         max_context=loaded.max_context,
         eos_token_ids=sorted(loaded.eos_token_ids),
+        placement=pb.Placement(host=placement.host, device=placement.device, cpus=sorted(placement.cpus)),
     )
+
+
+def placement_from_proto(message: pb.ModelInfoResponse) -> Placement | None:
+    """None from a worker that does not say (an older version)."""
+    if not message.HasField("placement"):
+        return None
+    p = message.placement
+    return Placement(p.host, p.device, frozenset(p.cpus))
 
 
 DEFAULT_MAX_TOKENS = 128

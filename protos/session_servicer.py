@@ -9,6 +9,7 @@ import grpc
 from protos import convert
 from protos import specserve_pb2 as pb
 from specserve.models.tokenizers import TokenizerSpec
+from specserve.placement import Placement, this_process
 from specserve.rpc import WorkerServicer, unary_errors
 
 
@@ -16,6 +17,7 @@ class SessionServicer(WorkerServicer):
     """Base of DraftServicer and TargetServicer: a worker with sessions keyed by id."""
 
     fingerprint = ""
+    placement: Placement
 
     def __init__(self, max_batch_size: int = 16, prefill_chunk_tokens: int = 256) -> None:
         super().__init__()
@@ -25,12 +27,13 @@ class SessionServicer(WorkerServicer):
     def attach(self, worker: Any) -> None:
         super().attach(worker)
         self.fingerprint = TokenizerSpec.of(worker.loaded.tokenizer, worker.loaded.vocab_size).fingerprint()
+        self.placement = this_process(str(worker.loaded.device))
 
     @unary_errors
     async def GetModelInfo(
         self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInfoResponse:
-        info = convert.model_info_to_proto(self.worker.loaded, self.fingerprint)
+        info = convert.model_info_to_proto(self.worker.loaded, self.fingerprint, self.placement)
         info.num_sessions = len(self.worker.sessions)
         return info
 

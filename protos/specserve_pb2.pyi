@@ -193,20 +193,32 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids", "num_sessions")
+    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids", "num_sessions", "placement")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     model: str
     tokenizer_fingerprint: str
     vocab_size: int
     max_context: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_sessions: int
-    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_sessions: _Optional[int] = ...) -> None: ...
+    placement: Placement
+    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_sessions: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("host", "device", "cpus")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    device: str
+    cpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, host: _Optional[str] = ..., device: _Optional[str] = ..., cpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("session_id", "prompt_token_ids", "seed")
@@ -223,20 +235,22 @@ class PrefillResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "num_kept", "new_token_ids", "k", "sampling", "confidence_threshold")
+    __slots__ = ("session_id", "num_kept", "new_token_ids", "k", "sampling", "confidence_threshold", "target_idle")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_KEPT_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    TARGET_IDLE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     num_kept: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
     k: int
     sampling: SamplingParams
     confidence_threshold: float
-    def __init__(self, session_id: _Optional[str] = ..., num_kept: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., confidence_threshold: _Optional[float] = ...) -> None: ...
+    target_idle: bool
+    def __init__(self, session_id: _Optional[str] = ..., num_kept: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., confidence_threshold: _Optional[float] = ..., target_idle: _Optional[bool] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("token_ids", "probs", "compute_ms", "batch_size")

@@ -114,7 +114,9 @@ class LocalStack:
             tls=TLSConfig.from_dir(self.certs, "orchestrator-public") if self.certs else None,
             worker_tls=TLSConfig.from_dir(self.certs, "orchestrator-client") if self.certs else None,
             api_key=self.api_key,
-            **({"http_port": 0 if self.http else None} | self.orchestrator_overrides),
+            # every worker here shares this machine's cores; a lone session pre-drafts as on separate
+            # hardware (the pipelined path, the one with more to test) unless a test asks otherwise
+            **({"http_port": 0 if self.http else None, "yield_shared_cores": False} | self.orchestrator_overrides),
         )
         fleet = StaticFleet(
             {role: [a for name, a in self.addresses.items() if name.startswith(role)] for role in ("target", "draft")}

@@ -140,15 +140,15 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
     with ExitStack() as stack:
         modes = _modes(cfg, target, draft, home)
         if cfg.served:
-            from specserve.bench.served import ServedStack
+            from specserve.bench.served import PIPELINED, SERVED_MODE_SUFFIXES, ServedStack
 
             served = stack.enter_context(ServedStack(target_config, draft_config))
             settings = f"target {_dtype(target)}, draft {_dtype(draft)}, over gRPC"
-            modes.append((ModeResult("served target-only", "served", 0, settings), served.runner(0, True, cfg)))
+            modes.append((ModeResult("served target-only", "served", 0, settings), served.runner(0, PIPELINED, cfg)))
             for k in cfg.ks:
-                for pipelined in (True, False):
-                    name = f"served k={k}" + ("" if pipelined else " unpipelined")
-                    modes.append((ModeResult(name, "served", k, settings), served.runner(k, pipelined, cfg)))
+                for variant, suffix in SERVED_MODE_SUFFIXES.items():
+                    name = f"served k={k}{suffix}"
+                    modes.append((ModeResult(name, "served", k, settings), served.runner(k, variant, cfg)))
         if cfg.address is not None:
             from orchestrator.client import SpecServeClient
             from specserve.bench.served import client_runner

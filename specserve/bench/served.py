@@ -1,5 +1,5 @@
-"""The served stack for `specserve bench --served`: draft and target services in child processes, a
-pipelined and an unpipelined orchestrator over them in this process, called through the gRPC client.
+"""The served stack for `specserve bench --served`: draft and target services in child processes,
+orchestrators of each kind over them in this process, called through the gRPC client.
 (Processes rather than Ray actors: the same servers, with nothing else on the bench's two cores.)"""
 
 from __future__ import annotations
@@ -21,11 +21,19 @@ if TYPE_CHECKING:
 
 
 PIPELINED, UNPIPELINED, EARLY_STOP = "pipelined", "unpipelined", "early-stop"
+SHARED_CORES_PIPELINED, NO_SEQUENTIAL_STOP = "pipelined on shared cores", "no sequential stop"
+SERVED_MODE_SUFFIXES = {
+    PIPELINED: "", UNPIPELINED: " unpipelined", SHARED_CORES_PIPELINED: " pre-draft on shared cores",
+    NO_SEQUENTIAL_STOP: " no early stop",
+}  # fmt: skip
+"""The bench's served modes: variant -> what its mode names add to "served k=N"."""
 
 
 class ServedStack:
-    """Orchestrators over the same two workers: pipelined, unpipelined, and pipelined with the draft's
-    early stop at `confidence_threshold` (the load sweep's '+stop' modes)."""
+    """Orchestrators over the same two workers: the default (pipelined), unpipelined, pipelined with the
+    draft's early stop at `confidence_threshold` (the load sweep's '+stop' modes), pipelined even for a
+    lone session on shared cores (which the default runs in turn: specserve/placement.py), and the
+    default without its early stop in rounds run in turn."""
 
     def __init__(
         self,
@@ -59,6 +67,10 @@ class ServedStack:
             EARLY_STOP: OrchestratorConfig(
                 draft_confidence_threshold=self.confidence_threshold, port=free_port(), http_port=None
             ),
+            SHARED_CORES_PIPELINED: OrchestratorConfig(yield_shared_cores=False, port=free_port(), http_port=None),
+            NO_SEQUENTIAL_STOP: OrchestratorConfig(
+                sequential_confidence_threshold=0.0, port=free_port(), http_port=None
+            ),
         }
         for variant, config in variants.items():
             fleet = StaticFleet({role: [workers[role]] for role in ("target", "draft")})
@@ -83,8 +95,8 @@ class ServedStack:
         self.thread.join(10)
         self.exits.close()
 
-    def runner(self, k: int, pipelined: bool, cfg: BenchConfig) -> Runner:
-        return client_runner(self.clients[PIPELINED if pipelined else UNPIPELINED], k, cfg)
+    def runner(self, k: int, variant: str, cfg: BenchConfig) -> Runner:
+        return client_runner(self.clients[variant], k, cfg)
 
     @property
     def load_clients(self) -> dict[bool, SpecServeClient]:

@@ -88,3 +88,14 @@ def test_stats_carry_every_public_figure() -> None:
     message = convert.stats_to_proto(stats)
     assert (message.proposed, message.accepted, message.rounds) == (8, 6, 2)
     assert message.acceptance_rate == pytest.approx(0.75) and message.mean_acceptance_length == pytest.approx(4.0)
+
+
+def test_placement_round_trips_and_an_older_worker_reports_none() -> None:
+    from protos import specserve_pb2 as pb
+    from specserve.placement import Placement
+
+    placement = Placement("boot-a", "cpu", frozenset({0, 3}))
+    message = pb.ModelInfoResponse(model="m")
+    assert convert.placement_from_proto(message) is None  # a worker from before placements were reported
+    message.placement.CopyFrom(pb.Placement(host="boot-a", device="cpu", cpus=[3, 0]))
+    assert convert.placement_from_proto(message) == placement

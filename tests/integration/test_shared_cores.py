@@ -1,0 +1,126 @@
+"""A draft and a target on the same CPU cores: a lone session runs its rounds in turn, the draft on every
+core, its windows ending on low confidence; with company the stack pre-drafts again. Every worker in these
+tests shares this machine's cores."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import torch
+
+from draft_service.servicer import DraftServicer
+from draft_service.worker import DraftWorker, ProposeCall
+from orchestrator.client import SpecServeClient
+from protos import specserve_pb2 as pb
+from protos import specserve_pb2_grpc as pb_grpc
+from specserve.core.types import SamplingParams
+from specserve.engine import SpeculativeEngine
+from specserve.models.loading import LoadedModel
+from specserve.placement import Placement, this_process, usable_cpu_count
+from tests.integration.test_adaptive_served import Recorder
+from tests.integration.test_grpc_stack import PROMPTS, reference
+from tests.stack import LocalStack
+
+YIELD = {"yield_shared_cores": True}  # the default; tests.stack.LocalStack turns it off
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_after() -> Iterator[None]:
+    """A draft given every core sets torch's thread count, which threads started later inherit."""
+    yield
+    torch.set_num_threads(1)
+
+
+def test_cores_are_shared_on_one_machine_only_and_only_on_the_cpu() -> None:
+    here = Placement("boot-a", "cpu", frozenset({0, 1, 2, 3}))
+    assert here.shares_cores_with(Placement("boot-a", "cpu", frozenset({3, 4})))
+    assert not here.shares_cores_with(Placement("boot-a", "cpu", frozenset({4, 5})))  # pinned apart
+    assert not here.shares_cores_with(Placement("boot-b", "cpu", frozenset({0, 1})))  # another machine
+    assert not here.shares_cores_with(Placement("boot-a", "cuda:0", frozenset({0, 1})))  # a GPU draft
+
+
+def test_workers_say_where_they_compute() -> None:
+    with LocalStack() as stack:
+        for name in ("draft", "target"):
+            with grpc.insecure_channel(stack.addresses[name]) as channel:
+                stub = pb_grpc.DraftServiceStub(channel) if name == "draft" else pb_grpc.TargetServiceStub(channel)
+                placement = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=10).placement
+            assert placement.device == "cpu" and placement.host == this_process("cpu").host
+            assert set(placement.cpus) == os.sched_getaffinity(0)
+
+
+def test_a_lone_session_runs_its_rounds_in_turn_with_the_draft_on_every_core(
+    engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads_used = _record_draft_threads(monkeypatch)
+    recorder = Recorder()
+    with (
+        LocalStack(orchestrator=YIELD, interceptors={"draft": [recorder]}) as stack,
+        SpecServeClient(stack.address) as client,
+    ):
+        num_rounds = 0
+        for prompt in PROMPTS[:3]:
+            response = client.generate(prompt, max_tokens=40, num_speculative_tokens=4)
+            assert list(response.token_ids) == reference(engine, prompt)
+            assert response.stats.proposed > 0 and response.stats.draft_hidden_ms == 0
+            num_rounds += response.stats.proposed_at_position[0]  # rounds that drafted
+    proposes = [call for method, call, _ in recorder.calls if method == "Propose"]
+    assert len(proposes) == num_rounds  # one proposal a round: no pre-drafts
+    assert all(call.target_idle for call in proposes)
+    # rounds in turn end their windows on the draft's low confidence (OrchestratorConfig)
+    assert all(call.confidence_threshold == pytest.approx(0.4) for call in proposes)
+    assert set(threads_used) == {usable_cpu_count()}
+
+
+def test_with_company_the_stack_pre_drafts_on_the_draft_s_share(
+    engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads_used = _record_draft_threads(monkeypatch)
+    recorder = Recorder()
+    with (
+        LocalStack(orchestrator=YIELD, interceptors={"draft": [recorder]}) as stack,
+        SpecServeClient(stack.address) as client,
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+    ):
+        generate = lambda p: client.generate(p, max_tokens=60, num_speculative_tokens=4)  # noqa: E731
+        responses = list(pool.map(generate, PROMPTS[:4]))
+    for prompt, response in zip(PROMPTS[:4], responses):
+        assert list(response.token_ids) == reference(engine, prompt, max_tokens=60)
+    proposes = [call for method, call, _ in recorder.calls if method == "Propose"]
+    # pre-drafts besides the proposals of the rounds that drafted
+    assert len(proposes) > sum(r.stats.proposed_at_position[0] for r in responses)
+    assert any(not call.target_idle for call in proposes)
+    assert any(call.confidence_threshold == 0 for call in proposes)  # pre-drafted rounds: no early stop
+    assert 1 in threads_used  # the draft's own share (one thread: tests/conftest.py) for those
+
+
+def test_the_draft_takes_every_core_only_for_a_batch_whose_targets_all_wait(tiny_draft: LoadedModel) -> None:
+    servicer = DraftServicer()
+    servicer.attach(DraftWorker(tiny_draft))
+    for i in range(2):
+        servicer.worker.prefill(f"s{i}", [1, 2, 3])
+    waiting, busy = (ProposeCall(f"s{i}", 3, [4], 2, SamplingParams(), target_idle=i == 0) for i in range(2))
+    try:
+        servicer.propose_batch([waiting])
+        assert torch.get_num_threads() == max(1, usable_cpu_count())
+        servicer.propose_batch([ProposeCall("s0", 5, [4], 2, SamplingParams(), target_idle=True), busy])
+        assert torch.get_num_threads() == 1
+    finally:
+        servicer.executor.shutdown()
+
+
+def _record_draft_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """torch's thread count at each of the draft's batches, read on its model thread."""
+    threads_used: list[int] = []
+    propose_batch = DraftWorker.propose_batch
+
+    def recording(self: DraftWorker, calls: list[ProposeCall]) -> list[object]:
+        threads_used.append(torch.get_num_threads())
+        return propose_batch(self, calls)
+
+    monkeypatch.setattr(DraftWorker, "propose_batch", recording)
+    return threads_used
