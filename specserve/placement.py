@@ -1,10 +1,11 @@
 """Where a worker computes: enough for the orchestrator to tell a draft and a target that share CPU cores.
 
 Sharing changes what pays. With cores of its own, a draft that pre-drafts while the target verifies hides
-its time; on the target's own cores it only takes cores the verification needs (on two shared cores the
-verification of a lone session took 221 ms with a pre-draft beside it against 114 ms alone), and the draft's
+its time; on the target's own cores it only takes cores the verification needs (on two shared cores a
+lone session's verify call took 250 ms with a pre-draft beside it against 129 ms alone), and the draft's
 steps are faster on all the cores than on its share of them. So a session alone on such a pair runs its
-rounds one after the other and lends the draft every core (docs/benchmarks.md, "Shared cores").
+rounds one after the other and lends the draft every core: 1.22x the throughput at k = 4 (docs/benchmarks.md,
+"Shared cores").
 """
 
 from __future__ import annotations
