@@ -5,6 +5,7 @@ tests shares this machine's cores."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 from collections.abc import Iterator
 
@@ -56,12 +57,8 @@ def test_workers_say_where_they_compute() -> None:
 def test_a_lone_session_runs_its_rounds_in_turn_with_the_draft_on_every_core(
     engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    threads_used = _record_draft_threads(monkeypatch)
-    recorder = Recorder()
-    with (
-        LocalStack(orchestrator=YIELD, interceptors={"draft": [recorder]}) as stack,
-        SpecServeClient(stack.address) as client,
-    ):
+    threads_used, recorder = _record_draft_threads(monkeypatch), Recorder()
+    with _yielding_stack(recorder) as client:
         num_rounds = 0
         for prompt in PROMPTS[:3]:
             response = client.generate(prompt, max_tokens=40, num_speculative_tokens=4)
@@ -79,13 +76,8 @@ def test_a_lone_session_runs_its_rounds_in_turn_with_the_draft_on_every_core(
 def test_with_company_the_stack_pre_drafts_on_the_draft_s_share(
     engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    threads_used = _record_draft_threads(monkeypatch)
-    recorder = Recorder()
-    with (
-        LocalStack(orchestrator=YIELD, interceptors={"draft": [recorder]}) as stack,
-        SpecServeClient(stack.address) as client,
-        concurrent.futures.ThreadPoolExecutor(4) as pool,
-    ):
+    threads_used, recorder = _record_draft_threads(monkeypatch), Recorder()
+    with _yielding_stack(recorder) as client, concurrent.futures.ThreadPoolExecutor(4) as pool:
         generate = lambda p: client.generate(p, max_tokens=60, num_speculative_tokens=4)  # noqa: E731
         responses = list(pool.map(generate, PROMPTS[:4]))
     for prompt, response in zip(PROMPTS[:4], responses):
@@ -111,6 +103,16 @@ def test_the_draft_takes_every_core_only_for_a_batch_whose_targets_all_wait(tiny
         assert torch.get_num_threads() == 1
     finally:
         servicer.executor.shutdown()
+
+
+@contextlib.contextmanager
+def _yielding_stack(recorder: Recorder) -> Iterator[SpecServeClient]:
+    """The tiny stack with the default shared-cores behaviour, the draft's calls recorded."""
+    with (
+        LocalStack(orchestrator=YIELD, interceptors={"draft": [recorder]}) as stack,
+        SpecServeClient(stack.address) as client,
+    ):
+        yield client
 
 
 def _record_draft_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
