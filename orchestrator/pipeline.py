@@ -320,8 +320,9 @@ class RemoteRequest:
             return Proposal([])
         started = time.perf_counter()
 
+        alone = self._alone_on_shared_cores()
         threshold = self.plan.confidence_threshold
-        if not self._pipelined():
+        if alone or not self.plan.pipelined:  # a round run in turn
             threshold = max(threshold, self.plan.sequential_confidence_threshold)
 
         async def propose(client: DraftClient) -> tuple[Proposal, float]:
@@ -331,7 +332,7 @@ class RemoteRequest:
                 result = await client.propose(
                     self.session_id, num_kept, new_token_ids, k, self.plan.sampling, self.plan.vocab_size,
                     timeout_s=self.plan.draft_timeout_s, confidence_threshold=threshold,
-                    target_idle=self._alone_on_shared_cores(),
+                    target_idle=alone,
                 )  # fmt: skip
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
