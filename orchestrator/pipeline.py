@@ -153,7 +153,12 @@ class RemoteRequest:
             await self._on_target(_nothing)
         else:  # both prefills at once: with long prompts this is most of the time to first token
             self.draft = self.draft_pool.try_acquire()
-            results = await asyncio.gather(self._on_target(_nothing), self._on_draft(_nothing), return_exceptions=True)
+            prefills = [self._on_target(_nothing)]
+            if (policy := self._adaptive_k()) is None or policy.k > 0:
+                # with adaptive speculation off at this replica, the draft's prefill would only take hardware
+                # from the target's passes; the first round that drafts catches the draft up instead
+                prefills.append(self._on_draft(_nothing))
+            results = await asyncio.gather(*prefills, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     raise result

@@ -4,7 +4,7 @@ sent the tokens of the target-only rounds, so its context always matches the req
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -84,3 +84,42 @@ def test_a_raised_k_takes_effect_while_predrafts_hit(monkeypatch: pytest.MonkeyP
         stats = client.generate("def add(a, b):", max_tokens=40, ignore_eos=True).stats
     assert stats.draft_hidden_ms > 0  # pre-drafts hit
     assert len(stats.proposed_at_position) == 4 and stats.proposed_at_position[3] >= 4
+
+
+def _policy_script(monkeypatch: pytest.MonkeyPatch, decisions: Iterator[int]) -> None:
+    """The replica's policy starts at k = 0 and then decides `decisions`, in turn."""
+
+    def start_off(self: AdaptiveK) -> None:
+        self._k = self._chosen = 0
+
+    def choose(self: AdaptiveK, batch_size: int, now: float) -> int:
+        self._k = next(decisions)
+        return self._k
+
+    monkeypatch.setattr(AdaptiveK, "__post_init__", start_off)
+    monkeypatch.setattr(AdaptiveK, "choose", choose)
+
+
+@pytest.mark.parametrize("later_k", [0, 3])
+def test_the_draft_is_prefilled_only_once_a_round_drafts(
+    engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch, later_k: int
+) -> None:
+    """With speculation off at the replica when a request starts, the draft's prefill would only take
+    hardware from the target's passes: the first round that drafts prefills it with the context so far."""
+    _policy_script(monkeypatch, itertools.chain([0, 0, 0], itertools.repeat(later_k)))
+    prompt, recorder = "def add(a, b):", Recorder()
+    with LocalStack(interceptors={"draft": [recorder]}) as stack, SpecServeClient(stack.address) as client:
+        response = client.generate(prompt, max_tokens=32, ignore_eos=True)  # k unset: adaptive
+    request = GenerationRequest(prompt=prompt, max_tokens=32, num_speculative_tokens=0, ignore_eos=True)
+    reference = engine.generate(request)
+    assert list(response.token_ids) == reference.token_ids
+    if later_k == 0:
+        assert recorder.calls == []  # target-only throughout: the draft never hears of the request
+        return
+    prompt_ids = engine.tokenize(request)
+    method, first, _ = recorder.calls[0]
+    assert method == "Prefill"
+    assert len(first.prompt_token_ids) == len(prompt_ids) + 3  # the prompt and the three target-only tokens
+    assert list(first.prompt_token_ids) == (prompt_ids + reference.token_ids)[: len(first.prompt_token_ids)]
+    assert [method for method, _, _ in recorder.calls].count("Prefill") == 1
+    assert any(method == "Propose" and answer.token_ids for method, _, answer in recorder.calls)

@@ -277,3 +277,26 @@ def test_a_change_of_k_is_logged(caplog: pytest.LogCaptureFixture) -> None:
         changed = policy.choose(1, now=11.0)  # a neighbour or target-only is measured next
     assert changed != 4
     assert caplog.messages == [f"adaptive k 4 -> {changed} at 1 sessions (exploring)"]
+
+
+def test_speculation_must_beat_target_only_by_the_margin() -> None:
+    """Within the margin the cheaper target-only wins, even over the k chosen before: never slower than
+    target-only asks for it (at 4 clients k = 1..3, each about as fast as k = 0, kept the replica 9% slower)."""
+    for faster, kept in ((1.04, 0), (1.10, 2)):  # k = 2 against k = 0, per second
+        policy = AdaptiveK(8, prior_weight=0.0, explore_fraction=0.0)
+        for _ in range(8):  # trusted: k = 0 emits 1 token in 0.5 s, k = 2 (all accepted) 3 tokens
+            policy.observe(1, 0, 0, 0.5, now=0.0)
+            policy.observe(1, 2, 2, 3 / (2.0 * faster), now=0.0)
+        policy._k = policy._chosen = 2
+        assert policy.estimate(0, 2) == pytest.approx(faster * policy.estimate(0, 0))
+        assert policy.choose(1, now=10.0) == kept
+
+
+@pytest.mark.parametrize(("batch_size", "first_explored"), [(1, 3), (16, 0)])
+def test_in_a_batch_target_only_is_measured_first(batch_size: int, first_explored: int) -> None:
+    """From the initial k, alone a neighbour is explored first (the climb to deeper windows), in a batch
+    target-only (which speculation must beat)."""
+    policy = AdaptiveK(8)
+    ks = _run(policy, HEAVY, batch_size=batch_size, duration_s=120)
+    assert ks[0] == 4
+    assert next(k for k in ks if k != 4) == first_explored
