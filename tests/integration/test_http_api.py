@@ -57,9 +57,10 @@ def test_models_lists_the_served_target(api: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_greedy_completion_equals_the_grpc_api(api: openai.OpenAI, grpc_client: SpecServeClient, stream: bool) -> None:
-    for prompt in PROMPTS:
-        expected = grpc_client.generate(prompt, max_tokens=24)
-        kwargs = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0}
+    for prompt in PROMPTS:  # a fixed k, so that the draft proposes whatever adaptive k has learnt
+        expected = grpc_client.generate(prompt, max_tokens=24, num_speculative_tokens=4)
+        kwargs = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0,
+                  "extra_body": {"num_speculative_tokens": 4}}  # fmt: skip
         if stream:
             chunks = list(api.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
             text = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -239,11 +240,12 @@ def test_request_ids_reach_the_logs_of_all_three_services(
     level = root.level
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
+    k = {"num_speculative_tokens": 4}  # a fixed k: at adaptive k = 0 the draft hears nothing of a request
     try:
         raw = api.completions.with_raw_response.create(
-            model="tiny", prompt="def f(", max_tokens=8, extra_headers={"X-Request-Id": "http-req-1"}
+            model="tiny", prompt="def f(", max_tokens=8, extra_headers={"X-Request-Id": "http-req-1"}, extra_body=k
         )
-        grpc_client.stub.Generate(build_request("def f(", max_tokens=8), metadata=[("x-request-id", "grpc-req-1")])
+        grpc_client.stub.Generate(build_request("def f(", max_tokens=8, **k), metadata=[("x-request-id", "grpc-req-1")])
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
