@@ -245,7 +245,9 @@ def test_request_ids_reach_the_logs_of_all_three_services(
         raw = api.completions.with_raw_response.create(
             model="tiny", prompt="def f(", max_tokens=8, extra_headers={"X-Request-Id": "http-req-1"}, extra_body=k
         )
-        grpc_client.stub.Generate(build_request("def f(", max_tokens=8, **k), metadata=[("x-request-id", "grpc-req-1")])
+        grpc_client.stub.Generate(
+            build_request("def f(", max_tokens=8, num_speculative_tokens=4), metadata=[("x-request-id", "grpc-req-1")]
+        )
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
