@@ -27,6 +27,7 @@ ROUNDS_TRUSTED = 3  # ...and a figure is trusted after three...
 MIN_TRUSTED = 8  # ...and at least eight session rounds: at one client a round is a pre-draft hit or a miss
 # (0.35 or 0.53 s at k = 4), and three left a standard error of about 13%, more than k = 3..6 differ by
 STALL = 2.0  # a round this many times the median stalled (another request's prefill held the model)
+MAX_BACKOFF = 16  # a choice that keeps losing is measured again at most this many refresh periods apart
 
 
 @dataclass(slots=True)
@@ -105,6 +106,9 @@ class AdaptiveK:
     switch_margin: float = 0.05
     """Another measured k replaces the current one only when this much faster: round times are noisy, and
     every change costs a settling round."""
+    target_only_margin: float = 0.10
+    """Speculation is chosen only when this much faster than target-only. Wider than `switch_margin`: the
+    rule is never slower than target-only, and a gain under 10% forgone costs less than a loss taken."""
     prior_acceptance: float = 0.7
     prior_weight: float = 2.0
     times: dict[tuple[int, int], RoundTime] = field(default_factory=dict)
@@ -125,6 +129,8 @@ class AdaptiveK:
     _seen_at: float = -math.inf
     _last_round_s: float = 0.0
     _settled_at: float = -math.inf
+    _losses: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(bucket, k): explorations of k there in a row that did not make it the best."""
 
     def __post_init__(self) -> None:
         self._k = self._chosen = min(self.initial_k, self.max_k)
@@ -252,7 +258,7 @@ class AdaptiveK:
             # every exploration that measured about as fast would stick (k drifted to 5 at 8 clients).
             if known[best] <= (1 + self.switch_margin) * chosen:
                 best = self._chosen
-        if 0 in known and known[best] <= (1 + self.switch_margin) * known[0]:
+        if 0 in known and known[best] <= (1 + self.target_only_margin) * known[0]:
             # Speculation has to beat target-only by the margin: within the noise the cheaper k = 0 wins, as
             # never slower than target-only asks (at 4 clients k = 1..3, each about as fast, kept it 9% slower)
             best = 0
@@ -260,15 +266,23 @@ class AdaptiveK:
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
         # step at a time (k = 1 to 4 at one client) then takes seconds, not a minute of rationed steps.
         self._charge_exploration(won=explored == best)
+        if explored:  # speculation backs off; target-only, which it must beat, does not
+            self._losses[bucket, explored] = 0 if explored == best else self._losses.get((bucket, explored), 0) + 1
         budget = self.explore_fraction * self._serving_s
-        if budget <= 0.0 or self._exploring_s > budget:
+        if budget <= 0.0:
             return best
+        rationed = self._exploring_s > budget
         # Around the fastest measured, so that a slope of small steps (each within the margin) is climbed;
         # and any k measured here as a contender again once its figure is stale, so that an early figure
         # (taken while the first requests were all prefilling) cannot keep a good k out for good.
         contenders = {k for k, rate in known.items() if rate >= 0.75 * known[measured_best]}
         around = {measured_best - 1, measured_best + 1, 0} | contenders
         candidates = {k for k in around if 0 <= k <= self.max_k and k != best}
+        if rationed:
+            # Out of budget, a batch speculating still re-measures target-only: a figure of it taken in a bad
+            # moment (eight rounds, one stalled by a prefill) otherwise kept k = 1 at 0.9x standing for good (seen
+            # replaying the 16-client load of a sweep, `specserve.bench.adaptive_replay`).
+            candidates &= {0} if bucket > 0 else set()
         due = [k for k in candidates if self._due(bucket, k, known[best], estimates[k], now)]
         if not due:
             return best
@@ -285,11 +299,17 @@ class AdaptiveK:
         self._this_exploration_s = 0.0
 
     def _due(self, bucket: int, k: int, best_rate: float, estimate: float | None, now: float) -> bool:
+        """Whether k's figure at this bucket is missing or stale. Stale after `refresh_s`, four times that for a
+        k more than a quarter slower, and for k > 0 twice as long again after every exploration of it in a row
+        that lost (up to MAX_BACKOFF times). At 8 clients here target-only was best and adaptive ran 10-17% slower; held
+        at k = 0 it ran as fast as target-only, so the loss was re-measuring k = 1, 2 and 4 every 30 s, each
+        time with the draft catching up on every session's context on the target's cores."""
         round_time = self.times.get((bucket, k))
         if round_time is None or not round_time.trusted:
             return True
         slower = estimate is not None and estimate < 0.75 * best_rate
-        return now - round_time.updated_at > self.refresh_s * (4 if slower else 1)
+        periods = min(MAX_BACKOFF, (4 if slower else 1) * 2 ** self._losses.get((bucket, k), 0))
+        return now - round_time.updated_at > self.refresh_s * periods
 
     def _updated_at(self, bucket: int, k: int) -> float:
         round_time = self.times.get((bucket, k))
