@@ -131,6 +131,8 @@ class AdaptiveK:
     _settled_at: float = -math.inf
     _losses: dict[tuple[int, int], int] = field(default_factory=dict)
     """(bucket, k): explorations of k there in a row that did not make it the best."""
+    _since: dict[int, float] = field(default_factory=dict)
+    """bucket: when the replica first decided at that batch size."""
 
     def __post_init__(self) -> None:
         self._k = self._chosen = min(self.initial_k, self.max_k)
@@ -248,6 +250,7 @@ class AdaptiveK:
         known = {k: rate for k, rate in estimates.items() if rate is not None}
         explored = self._k if self._exploring else None
         self._exploring = False
+        self._since.setdefault(bucket, now)
         if not known:  # a batch size nothing was measured at yet: measure the chosen k there first
             self._charge_exploration(won=False)
             return self._chosen
@@ -301,15 +304,31 @@ class AdaptiveK:
     def _due(self, bucket: int, k: int, best_rate: float, estimate: float | None, now: float) -> bool:
         """Whether k's figure at this bucket is missing or stale. Stale after `refresh_s`, four times that for a
         k more than a quarter slower, and for k > 0 twice as long again after every exploration of it in a row
-        that lost (up to MAX_BACKOFF times). At 8 clients here target-only was best and adaptive ran 10-17% slower; held
-        at k = 0 it ran as fast as target-only, so the loss was re-measuring k = 1, 2 and 4 every 30 s, each
-        time with the draft catching up on every session's context on the target's cores."""
+        that lost (up to MAX_BACKOFF times). At 8 clients here target-only was best and adaptive ran 10-17%
+        slower; held at k = 0 it ran as fast as target-only, so the loss was re-measuring k = 1, 2 and 4
+        every 30 s, each time with the draft catching up on every session's context on the target's cores.
+
+        Where target-only beat speculation at a smaller batch size, speculation is measured here only every
+        MAX_BACKOFF periods, missing or not: a larger batch leaves speculation less to gain, and its first
+        measurements at 8 and 16 clients cost 11-19% of a 60 s window at a mean k under 0.05."""
+        lost_below = k > 0 and self._target_only_won_below(bucket)
         round_time = self.times.get((bucket, k))
         if round_time is None or not round_time.trusted:
-            return True
+            return not lost_below or now - self._since[bucket] > self.refresh_s * MAX_BACKOFF
         slower = estimate is not None and estimate < 0.75 * best_rate
-        periods = min(MAX_BACKOFF, (4 if slower else 1) * 2 ** self._losses.get((bucket, k), 0))
+        losses = self._losses.get((bucket, k), 0) if k > 0 else 0
+        periods = MAX_BACKOFF if lost_below else min(MAX_BACKOFF, (4 if slower else 1) * 2**losses)
         return now - round_time.updated_at > self.refresh_s * periods
+
+    def _target_only_won_below(self, bucket: int) -> bool:
+        """Whether, at the nearest smaller bucket where target-only and speculation were both measured,
+        target-only was the faster."""
+        for smaller in sorted({b for b, _ in self.times if b < bucket}, reverse=True):
+            measured = {k: s for k in range(self.max_k + 1) if (s := self._seconds(smaller, k)) is not None}
+            rates = {k: self.expected_tokens(k) / s for k, s in measured.items()}
+            if 0 in rates and len(rates) > 1:
+                return max(rates, key=lambda k: rates[k]) == 0
+        return False
 
     def _updated_at(self, bucket: int, k: int) -> float:
         round_time = self.times.get((bucket, k))

@@ -339,3 +339,12 @@ def test_out_of_budget_a_batch_still_measures_target_only_again() -> None:
     alone._k = alone._chosen = 1
     alone._serving_s, alone._exploring_s = 100.0, 50.0
     assert alone.choose(1, now=130.0) == 1  # alone, rationing holds
+
+
+def test_where_target_only_won_at_a_smaller_batch_a_larger_one_rarely_measures_speculation() -> None:
+    policy = AdaptiveK(8)
+    _run(policy, HEAVY, batch_size=4, duration_s=300)
+    assert policy.k == 0 and (batch_bucket(4), 1) in policy.times  # target-only beat k = 1 at 4 sessions
+    assert set(_run(policy, HEAVY, batch_size=16, duration_s=400, start=300)) == {0}
+    later = _run(policy, HEAVY, batch_size=16, duration_s=200, start=700)
+    assert set(later) != {0}  # MAX_BACKOFF refresh periods (480 s) after 16 sessions were first seen
