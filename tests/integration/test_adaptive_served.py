@@ -44,18 +44,25 @@ class Recorder(grpc.aio.ServerInterceptor):
         )
 
 
+def _served_adaptive(engine: SpeculativeEngine, prompt: str, max_tokens: int) -> tuple[list[int], list[int], Recorder]:
+    """`prompt` served with k unset (adaptive, as the test scripted the policy), its output checked against
+    target-only's; the prompt's token ids, that output and the draft's recorded calls."""
+    recorder = Recorder()
+    with LocalStack(interceptors={"draft": [recorder]}) as stack, SpecServeClient(stack.address) as client:
+        response = client.generate(prompt, max_tokens=max_tokens, ignore_eos=True)
+    request = GenerationRequest(prompt=prompt, max_tokens=max_tokens, num_speculative_tokens=0, ignore_eos=True)
+    reference = engine.generate(request).token_ids
+    assert list(response.token_ids) == reference
+    return engine.tokenize(request), reference, recorder
+
+
 def test_the_draft_catches_up_after_target_only_rounds(
     engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script = itertools.cycle([3, 0, 0, 0, 2, 0, 4])  # the policy's decisions, in turn
     monkeypatch.setattr(AdaptiveK, "choose", lambda self, batch_size, now: next(script))
-    prompt, recorder = "def add(a, b):", Recorder()
-    with LocalStack(interceptors={"draft": [recorder]}) as stack, SpecServeClient(stack.address) as client:
-        response = client.generate(prompt, max_tokens=48, ignore_eos=True)  # k unset: adaptive
-    request = GenerationRequest(prompt=prompt, max_tokens=48, num_speculative_tokens=0, ignore_eos=True)
-    reference = engine.generate(request)
-    assert list(response.token_ids) == reference.token_ids
-    truth = engine.tokenize(request) + reference.token_ids
+    prompt_ids, reference, recorder = _served_adaptive(engine, "def add(a, b):", max_tokens=48)
+    truth = prompt_ids + reference
     draft_context: list[int] = []
     num_checked = 0
     for method, call, answer in recorder.calls:
@@ -107,19 +114,13 @@ def test_the_draft_is_prefilled_only_once_a_round_drafts(
     """With speculation off at the replica when a request starts, the draft's prefill would only take
     hardware from the target's passes: the first round that drafts prefills it with the context so far."""
     _policy_script(monkeypatch, itertools.chain([0, 0, 0], itertools.repeat(later_k)))
-    prompt, recorder = "def add(a, b):", Recorder()
-    with LocalStack(interceptors={"draft": [recorder]}) as stack, SpecServeClient(stack.address) as client:
-        response = client.generate(prompt, max_tokens=32, ignore_eos=True)  # k unset: adaptive
-    request = GenerationRequest(prompt=prompt, max_tokens=32, num_speculative_tokens=0, ignore_eos=True)
-    reference = engine.generate(request)
-    assert list(response.token_ids) == reference.token_ids
+    prompt_ids, reference, recorder = _served_adaptive(engine, "def add(a, b):", max_tokens=32)
     if later_k == 0:
         assert recorder.calls == []  # target-only throughout: the draft never hears of the request
         return
-    prompt_ids = engine.tokenize(request)
     method, first, _ = recorder.calls[0]
     assert method == "Prefill"
     assert len(first.prompt_token_ids) == len(prompt_ids) + 3  # the prompt and the three target-only tokens
-    assert list(first.prompt_token_ids) == (prompt_ids + reference.token_ids)[: len(first.prompt_token_ids)]
+    assert list(first.prompt_token_ids) == (prompt_ids + reference)[: len(first.prompt_token_ids)]
     assert [method for method, _, _ in recorder.calls].count("Prefill") == 1
     assert any(method == "Propose" and answer.token_ids for method, _, answer in recorder.calls)
