@@ -83,6 +83,32 @@ def batch_bucket(batch_size: int) -> int:
 
 
 @dataclass(slots=True)
+class Exploration:
+    """A choice other than the best being measured, and what the sessions emitted meanwhile, stalls included:
+    an exploration from target-only first makes every session's draft catch up on its context, a stall the
+    round times leave out."""
+
+    bucket: int
+    baseline: float
+    """Tokens per second per session of the best k when it began."""
+    started_at: float
+    serving_s: float = 0.0
+    tokens: int = 0
+    session_s: float = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.tokens += tokens
+        self.session_s += seconds
+
+    def lost_s(self, now: float) -> float:
+        """Seconds of serving it lost: its share of tokens short of the baseline's pace, times its duration
+        (wall time: at 16 clients the catch-up alone can leave no session deciding for seconds)."""
+        if self.session_s <= 0.0 or self.baseline <= 0.0:
+            return 0.0
+        return (now - self.started_at) * max(0.0, 1.0 - self.tokens / self.session_s / self.baseline)
+
+
+@dataclass(slots=True)
 class AdaptiveK:
     """One k for all sessions of a target replica, decided at most every `period_s` seconds.
 
@@ -106,6 +132,12 @@ class AdaptiveK:
     switch_margin: float = 0.05
     """Another measured k replaces the current one only when this much faster: round times are noisy, and
     every change costs a settling round."""
+    explore_cost_share: float = 0.005
+    """After an exploration that lost, the next at its batch size waits until what that one cost (the tokens
+    it lost against the best k's pace, in seconds of serving) is this share of the time between them (a
+    missing target-only figure excepted). At 4 to 16 clients on shared cores an exploration from target-only makes every session's draft catch up on
+    its whole context first (seconds of stall), and explorations every 30 s or so cost adaptive 11% against
+    target-only; alone, a neighbouring k costs a few percent of a few rounds, and the next follows soon."""
     target_only_margin: float = 0.10
     """Speculation is chosen only when this much faster than target-only. Wider than `switch_margin`: the
     rule is never slower than target-only, and a gain under 10% forgone costs less than a loss taken."""
@@ -119,11 +151,9 @@ class AdaptiveK:
     _chosen: int = 0
     """The last k chosen as best (the one explorations return to)."""
     _decided_at: float = -math.inf
-    _exploring: bool = False
     _serving_s: float = 0.0
     _exploring_s: float = 0.0
     """Serving time spent on explorations that did not find a faster k."""
-    _this_exploration_s: float = 0.0
     _fresh: int = 0
     """Rounds measured at the current k since it was set."""
     _seen_at: float = -math.inf
@@ -133,6 +163,11 @@ class AdaptiveK:
     """(bucket, k): explorations of k there in a row that did not make it the best."""
     _since: dict[int, float] = field(default_factory=dict)
     """bucket: when the replica first decided at that batch size."""
+    _exploration: Exploration | None = None
+    _bucket: int = -1
+    """The batch size bucket of the last decision."""
+    _quiet_until: dict[int, float] = field(default_factory=dict)
+    """bucket: nothing but a missing target-only figure is explored there before this time."""
 
     def __post_init__(self) -> None:
         self._k = self._chosen = min(self.initial_k, self.max_k)
@@ -175,6 +210,8 @@ class AdaptiveK:
                 self.examined_at[i] = ACCEPTANCE_DECAY * self.examined_at[i] + 1.0
                 self.accepted_at[i] = ACCEPTANCE_DECAY * self.accepted_at[i] + (i < num_accepted)
         self._last_round_s = seconds
+        if self._exploration is not None:
+            self._exploration.observe(num_accepted + 1, seconds)
         if now - seconds < self._settled_at:
             # Started while other sessions still ran the previous k: in one batched pass their tokens set
             # the cost, so a deeper window would look nearly free (measured: k climbing to 8 at 16 clients).
@@ -195,7 +232,7 @@ class AdaptiveK:
                     self._k,
                     k,
                     batch_size,
-                    " (exploring)" if self._exploring else "",
+                    " (exploring)" if self._exploration is not None else "",
                 )
             self._k, self._decided_at = k, now
         return self._k
@@ -242,17 +279,18 @@ class AdaptiveK:
         gap = now - self._seen_at
         serving = gap if 0.0 <= gap <= 5.0 else 0.0
         self._serving_s += serving
-        self._this_exploration_s += serving if self._exploring else 0.0
+        if self._exploration is not None:
+            self._exploration.serving_s += serving
         self._seen_at = now
 
     def _decide(self, bucket: int, now: float) -> int:
+        last_bucket, self._bucket = self._bucket, bucket
         estimates = {k: self.estimate(bucket, k) for k in range(self.max_k + 1)}
         known = {k: rate for k, rate in estimates.items() if rate is not None}
-        explored = self._k if self._exploring else None
-        self._exploring = False
+        explored = self._k if self._exploration is not None else None
         self._since.setdefault(bucket, now)
         if not known:  # a batch size nothing was measured at yet: measure the chosen k there first
-            self._charge_exploration(won=False)
+            self._end_exploration(won=False, now=now)
             return self._chosen
         best = measured_best = max(known, key=lambda k: known[k])
         chosen = known.get(self._chosen)
@@ -265,10 +303,17 @@ class AdaptiveK:
             # Speculation has to beat target-only by the margin: within the noise the cheaper k = 0 wins, as
             # never slower than target-only asks (at 4 clients k = 1..3, each about as fast, kept it 9% slower)
             best = 0
+        quiet = now < self._quiet_until.get(bucket, -math.inf)
+        if explored is None and self._k == 0 and best > 0 and bucket == last_bucket:
+            # Leaving target-only at the same batch size on figures measured before (k = 0's drifting below
+            # another's old, lucky one: at 4 clients it switched back and forth) is tried as an exploration,
+            # when one may be: every session's draft has to catch up first.
+            self._exploration = None if quiet else Exploration(bucket, known[0], started_at=now)
+            return 0 if quiet else best
         self._chosen = best
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
         # step at a time (k = 1 to 4 at one client) then takes seconds, not a minute of rationed steps.
-        self._charge_exploration(won=explored == best)
+        self._end_exploration(won=explored == best, now=now)
         if explored:  # speculation backs off; target-only, which it must beat, does not
             self._losses[bucket, explored] = 0 if explored == best else self._losses.get((bucket, explored), 0) + 1
         budget = self.explore_fraction * self._serving_s
@@ -286,20 +331,28 @@ class AdaptiveK:
             # moment (eight rounds, one stalled by a prefill) otherwise kept k = 1 at 0.9x standing for good (seen
             # replaying the 16-client load of a sweep, `specserve.bench.adaptive_replay`).
             candidates &= {0} if bucket > 0 else set()
+        if quiet:  # but target-only, which speculation must beat, is measured wherever it is missing
+            candidates &= {0} - {k for k in known if self._seconds(bucket, k) is not None}
         due = [k for k in candidates if self._due(bucket, k, known[best], estimates[k], now)]
         if not due:
             return best
-        self._exploring = True
-        # The stalest first. Between two never measured: alone on the target, a neighbour first (a pass costs
-        # about as much for k + 1 tokens as for one, and a slow k = 0 spent the budget the climb to deeper
-        # windows needed); in a batch, target-only first, which speculation must beat (at 16 clients three
-        # minutes went by at k = 3..5, 0.68x target-only, before k = 0 was measured).
-        target_only_first = bucket > 0
-        return min(due, key=lambda k: (self._updated_at(bucket, k), (k == 0) != target_only_first))
+        self._exploration = Exploration(bucket, known[best], started_at=now)
+        # The stalest first. Between two never measured: alone on the target, the deeper neighbour first (a
+        # pass costs about as much for k + 1 tokens as for one, and a slow k = 0 or k - 1 lost, then held the
+        # climb to deeper windows back); in a batch, target-only first, which speculation must beat (at 16
+        # clients three minutes went by at k = 3..5, 0.68x target-only, before k = 0 was measured).
+        alone = bucket == 0
+        return min(due, key=lambda k: (self._updated_at(bucket, k), (k == 0) == alone, -k if alone else k))
 
-    def _charge_exploration(self, won: bool) -> None:
-        self._exploring_s += 0.0 if won else self._this_exploration_s
-        self._this_exploration_s = 0.0
+    def _end_exploration(self, won: bool, now: float) -> None:
+        """A losing exploration is charged to the budget, and its batch size explores what it already measured
+        again only once the tokens it lost are `explore_cost_share` of the time since."""
+        exploration, self._exploration = self._exploration, None
+        if exploration is None or won:
+            return
+        self._exploring_s += exploration.serving_s
+        quiet_s = exploration.lost_s(now) / self.explore_cost_share
+        self._quiet_until[exploration.bucket] = max(self._quiet_until.get(exploration.bucket, -math.inf), now + quiet_s)
 
     def _due(self, bucket: int, k: int, best_rate: float, estimate: float | None, now: float) -> bool:
         """Whether k's figure at this bucket is missing or stale. Stale after `refresh_s`, four times that for a

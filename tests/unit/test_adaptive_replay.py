@@ -74,3 +74,14 @@ def test_the_command_prints_a_line_per_load(tmp_path, capsys) -> None:
     assert main([str(sweep), "--paths", "2", "--seconds-per-load", "60"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and lines[1].split()[:2] == ["1", "4"] and lines[2].split()[:2] == ["16", "0"]
+
+
+def test_a_fresh_policy_under_load_pays_little_for_the_drafts_catching_up() -> None:
+    """Where target-only is fastest, each exploration from it first has every session's draft catch up on its
+    context (`catch_up_s` each): a fresh policy meeting 8 then 16 clients explores rarely enough to keep
+    target-only's pace."""
+    heavy = {8: {0: 1.0, 1: 0.85, 2: 0.8, 4: 0.75}, 16: {0: 1.0, 1: 0.8, 2: 0.7, 4: 0.6}}
+    landscape = Landscape.from_rows(_rows(heavy))
+    rows = evaluate(landscape, ReplayConfig(catch_up_s=0.4, paths=6))
+    assert [row["concurrency"] for row in rows] == [8, 16]
+    assert all(row["adaptive_mean_speedup"] > 0.98 and row["adaptive_mean_k"] < 0.1 for row in rows), rows
