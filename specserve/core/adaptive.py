@@ -135,9 +135,10 @@ class AdaptiveK:
     explore_cost_share: float = 0.005
     """After an exploration that lost, the next at its batch size waits until what that one cost (the tokens
     it lost against the best k's pace, in seconds of serving) is this share of the time between them (a
-    missing target-only figure excepted). At 4 to 16 clients on shared cores an exploration from target-only makes every session's draft catch up on
-    its whole context first (seconds of stall), and explorations every 30 s or so cost adaptive 11% against
-    target-only; alone, a neighbouring k costs a few percent of a few rounds, and the next follows soon."""
+    missing target-only figure excepted). At 4 to 16 clients on shared cores an exploration from
+    target-only makes every session's draft catch up on its whole context first (seconds of stall), and
+    explorations every 30 s or so cost adaptive 11% against target-only; alone, a neighbouring k costs a
+    few percent of a few rounds, and the next follows soon."""
     target_only_margin: float = 0.10
     """Speculation is chosen only when this much faster than target-only. Wider than `switch_margin`: the
     rule is never slower than target-only, and a gain under 10% forgone costs less than a loss taken."""
