@@ -309,8 +309,10 @@ class AdaptiveK:
             # Leaving target-only at the same batch size on figures measured before (k = 0's drifting below
             # another's old, lucky one: at 4 clients it switched back and forth) is tried as an exploration,
             # when one may be: every session's draft has to catch up first.
-            self._exploration = None if quiet else Exploration(bucket, known[0], started_at=now)
-            return 0 if quiet else best
+            if quiet:
+                return 0
+            self._exploration = Exploration(bucket, known[0], started_at=now)
+            return best
         self._chosen = best
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
         # step at a time (k = 1 to 4 at one client) then takes seconds, not a minute of rationed steps.
@@ -333,7 +335,7 @@ class AdaptiveK:
             # replaying the 16-client load of a sweep, `specserve.bench.adaptive_replay`).
             candidates &= {0} if bucket > 0 else set()
         if quiet:  # but target-only, which speculation must beat, is measured wherever it is missing
-            candidates &= {0} - {k for k in known if self._seconds(bucket, k) is not None}
+            candidates &= {0} if self._seconds(bucket, 0) is None else set()
         due = [k for k in candidates if self._due(bucket, k, known[best], estimates[k], now)]
         if not due:
             return best
@@ -346,8 +348,8 @@ class AdaptiveK:
         return min(due, key=lambda k: (self._updated_at(bucket, k), (k == 0) == alone, -k if alone else k))
 
     def _end_exploration(self, won: bool, now: float) -> None:
-        """A losing exploration is charged to the budget, and its batch size explores what it already measured
-        again only once the tokens it lost are `explore_cost_share` of the time since."""
+        """A losing exploration is charged to the budget, and its batch size explores nothing else (but a
+        missing target-only figure) until the seconds it lost are `explore_cost_share` of the time since."""
         exploration, self._exploration = self._exploration, None
         if exploration is None or won:
             return

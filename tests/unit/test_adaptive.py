@@ -298,7 +298,7 @@ def test_speculation_must_beat_target_only_by_the_margin() -> None:
 
 @pytest.mark.parametrize(("batch_size", "first_explored"), [(1, 5), (16, 0)])
 def test_in_a_batch_target_only_is_measured_first(batch_size: int, first_explored: int) -> None:
-    """From the initial k, alone a neighbour is explored first (the climb to deeper windows), in a batch
+    """From the initial k, alone the deeper neighbour is explored first (the climb to deeper windows), in a batch
     target-only (which speculation must beat)."""
     policy = AdaptiveK(8)
     ks = _run(policy, HEAVY, batch_size=batch_size, duration_s=120)
@@ -309,7 +309,8 @@ def test_in_a_batch_target_only_is_measured_first(batch_size: int, first_explore
 def test_a_choice_that_keeps_losing_is_measured_again_less_and_less_often() -> None:
     """Every exploration costs (at 8 clients, the draft catching up on every session's context on the target's
     cores): one that lost waits twice as long as the last before the next, up to MAX_BACKOFF refresh periods.
-    (What an exploration cost spaces explorations too: left out here, see the next test.)"""
+    (What an exploration cost spaces explorations too: left out here, see
+    test_what_an_exploration_cost_spaces_the_next_at_its_batch_size.)"""
     policy = AdaptiveK(8, explore_cost_share=math.inf)
     ks = _run(policy, CROWDED, batch_size=8, duration_s=1800)
     started = list(itertools.accumulate((CROWDED[k] for k in ks), initial=0.0))
