@@ -103,6 +103,9 @@ class ReplayConfig:
     catch_up_s: float = 0.4
     """Per session, the draft catching up on its context when k leaves 0 (a draft prefill of 100-230 tokens
     took 0.24-0.48 s in the served sweeps here); on the round after, for the whole batch."""
+    short_batch: float = 0.2
+    """Share of decisions taken one session short (a session between requests): the batch size bucket then
+    changes between decisions, at 3 to 4 and 12 to 14 sessions."""
     paths: int = 100
 
 
@@ -122,7 +125,8 @@ def replay(
         end, counted_from = now + config.seconds_per_load, now + config.warmup_s
         tokens, ks = 0, []
         while now < end:
-            k = policy.choose(load, now) if fixed_k is None else fixed_k
+            batch_size = load - 1 if load > 1 and rng.random() < config.short_batch else load
+            k = policy.choose(batch_size, now) if fixed_k is None else fixed_k
             seconds = landscape.round_seconds(load, k) * math.exp(rng.gauss(0.0, config.noise))
             if rng.random() < config.stall_probability:
                 seconds *= config.stall_factor
@@ -132,7 +136,7 @@ def replay(
             now += seconds
             for _ in range(load):  # every session of the batch finishes this round
                 num_accepted = _accepted(rng, landscape.acceptance[load][:k])
-                policy.observe(load, k, num_accepted, seconds, now)
+                policy.observe(batch_size, k, num_accepted, seconds, now)
                 tokens += (num_accepted + 1) if now > counted_from else 0
             if now > counted_from:
                 ks.append(k)
@@ -195,12 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds-per-load", type=float, default=defaults.seconds_per_load)
     parser.add_argument("--noise", type=float, default=defaults.noise)
     parser.add_argument("--catch-up-s", type=float, default=defaults.catch_up_s)
+    parser.add_argument("--short-batch", type=float, default=defaults.short_batch)
     parser.add_argument("--loads", type=int, nargs="+", help="replay these of the sweep's loads, in this order")
     args = parser.parse_args(argv)
     with open(args.sweep) as file:
         landscape = Landscape.from_rows(json.load(file)["rows"])
     config = ReplayConfig(
-        seconds_per_load=args.seconds_per_load, noise=args.noise, catch_up_s=args.catch_up_s, paths=args.paths
+        seconds_per_load=args.seconds_per_load,
+        noise=args.noise,
+        catch_up_s=args.catch_up_s,
+        short_batch=args.short_batch,
+        paths=args.paths,
     )
     print(f"{'clients':>7} {'best k':>6} {'its x':>6} {'adaptive x':>10} {'p10':>5} {'mean k':>6} "
           f"{'adaptive <0.98':>14} {'best k <0.98':>12}")  # fmt: skip

@@ -92,6 +92,9 @@ class Exploration:
     baseline: float
     """Tokens per second per session of the best k when it began."""
     started_at: float
+    sessions: int = 1
+    leaves_target_only: bool = False
+    """From k = 0 to a k > 0: every session's draft catches up on its context first."""
     serving_s: float = 0.0
     tokens: int = 0
     session_s: float = 0.0
@@ -165,10 +168,12 @@ class AdaptiveK:
     _since: dict[int, float] = field(default_factory=dict)
     """bucket: when the replica first decided at that batch size."""
     _exploration: Exploration | None = None
-    _bucket: int = -1
-    """The batch size bucket of the last decision."""
     _quiet_until: dict[int, float] = field(default_factory=dict)
     """bucket: nothing but a missing target-only figure is explored there before this time."""
+    _leaving_s: float | None = None
+    """Per session, the serving seconds the last exploration from target-only lost (the drafts' catch-up)."""
+    _left_target_only: set[int] = field(default_factory=set)
+    """Buckets where an exploration from target-only was measured."""
 
     def __post_init__(self) -> None:
         self._k = self._chosen = min(self.initial_k, self.max_k)
@@ -225,7 +230,7 @@ class AdaptiveK:
     def choose(self, batch_size: int, now: float) -> int:
         self._count_time(now)
         if now - self._decided_at >= self.period_s and self._settled(batch_size, now):
-            k = self._decide(batch_bucket(batch_size), now)
+            k = self._decide(batch_bucket(batch_size), batch_size, now)
             if k != self._k:
                 self._settled_at, self._fresh = now + self._last_round_s, 0
                 logger.info(
@@ -284,8 +289,7 @@ class AdaptiveK:
             self._exploration.serving_s += serving
         self._seen_at = now
 
-    def _decide(self, bucket: int, now: float) -> int:
-        last_bucket, self._bucket = self._bucket, bucket
+    def _decide(self, bucket: int, batch_size: int, now: float) -> int:
         estimates = {k: self.estimate(bucket, k) for k in range(self.max_k + 1)}
         known = {k: rate for k, rate in estimates.items() if rate is not None}
         explored = self._k if self._exploration is not None else None
@@ -304,14 +308,14 @@ class AdaptiveK:
             # Speculation has to beat target-only by the margin: within the noise the cheaper k = 0 wins, as
             # never slower than target-only asks (at 4 clients k = 1..3, each about as fast, kept it 9% slower)
             best = 0
-        quiet = now < self._quiet_until.get(bucket, -math.inf)
-        if explored is None and self._k == 0 and best > 0 and bucket == last_bucket:
-            # Leaving target-only at the same batch size on figures measured before (k = 0's drifting below
-            # another's old, lucky one: at 4 clients it switched back and forth) is tried as an exploration,
-            # when one may be: every session's draft has to catch up first.
+        quiet = now < max(self._quiet_until.get(bucket, -math.inf), self._first_leaving_at(bucket, batch_size))
+        if explored is None and self._k == 0 and best > 0:
+            # Leaving target-only on figures measured before (k = 0's drifting below another's old, lucky one:
+            # at 4 clients it switched back and forth; or another batch size's, the batch growing and shrinking
+            # by one) is tried as an exploration, when one may be: every session's draft has to catch up first.
             if quiet:
                 return 0
-            self._exploration = Exploration(bucket, known[0], started_at=now)
+            self._exploration = Exploration(bucket, known.get(0, 0.0), now, batch_size, leaves_target_only=True)
             return best
         self._chosen = best
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
@@ -339,19 +343,35 @@ class AdaptiveK:
         due = [k for k in candidates if self._due(bucket, k, known[best], estimates[k], now)]
         if not due:
             return best
-        self._exploration = Exploration(bucket, known[best], started_at=now)
         # The stalest first. Between two never measured: alone on the target, the deeper neighbour first (a
         # pass costs about as much for k + 1 tokens as for one, and a slow k = 0 or k - 1 lost, then held the
         # climb to deeper windows back); in a batch, target-only first, which speculation must beat (at 16
         # clients three minutes went by at k = 3..5, 0.68x target-only, before k = 0 was measured).
         alone = bucket == 0
-        return min(due, key=lambda k: (self._updated_at(bucket, k), (k == 0) == alone, -k if alone else k))
+        explored = min(due, key=lambda k: (self._updated_at(bucket, k), (k == 0) == alone, -k if alone else k))
+        leaves = self._k == 0 and explored > 0
+        self._exploration = Exploration(bucket, known[best], now, batch_size, leaves_target_only=leaves)
+        return explored
+
+    def _first_leaving_at(self, bucket: int, batch_size: int) -> float:
+        """Before this time a batch size at target-only that never left it explores nothing: until what leaving
+        cost the last time (per session, elsewhere), for this many sessions, is `explore_cost_share` of the time
+        since the batch size was first seen. Unpriced, the first measurement of a k > 0 at 16 clients caught 16
+        drafts up on their contexts, and then again at the next batch size (0.88x target-only at 16 clients)."""
+        if self._k != 0 or bucket in self._left_target_only or self._leaving_s is None:
+            return -math.inf
+        return self._since[bucket] + self._leaving_s * batch_size / self.explore_cost_share
 
     def _end_exploration(self, won: bool, now: float) -> None:
         """A losing exploration is charged to the budget, and its batch size explores nothing else (but a
         missing target-only figure) until the seconds it lost are `explore_cost_share` of the time since."""
         exploration, self._exploration = self._exploration, None
-        if exploration is None or won:
+        if exploration is None:
+            return
+        if exploration.leaves_target_only:
+            self._left_target_only.add(exploration.bucket)
+            self._leaving_s = exploration.lost_s(now) / exploration.sessions
+        if won:
             return
         self._exploring_s += exploration.serving_s
         quiet_s = exploration.lost_s(now) / self.explore_cost_share

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from specserve.core.adaptive import MAX_BACKOFF, AdaptiveK, RoundTime, batch_bucket
+from specserve.core.adaptive import MAX_BACKOFF, AdaptiveK, Exploration, RoundTime, batch_bucket
 
 ACCEPTANCE = 0.8
 
@@ -230,7 +230,7 @@ def test_an_unmeasured_batch_size_borrows_the_nearest_round_times_scaled() -> No
     assert policy.estimate(batch_bucket(3), 2) is None  # nothing at 3 yet to compare the two batch sizes by
     policy._k = policy._chosen = 1
     policy._decided_at = 0.0
-    assert policy._decide(batch_bucket(3), now=10.0) == 1  # so the current k is measured there first
+    assert policy._decide(batch_bucket(3), 3, now=10.0) == 1  # so the current k is measured there first
     for _ in range(9):
         policy.observe(3, 1, 1, 1.8, now=0.0)  # k = 1 is 1.5x slower at 3 than at 2...
     assert policy.estimate(batch_bucket(3), 2) == pytest.approx(3 / (1.4 * 1.5))  # ...so k = 2 is taken to be too
@@ -349,8 +349,10 @@ def test_where_target_only_won_at_a_smaller_batch_a_larger_one_rarely_measures_s
     _run(policy, HEAVY, batch_size=4, duration_s=300)
     assert policy.k == 0 and (batch_bucket(4), 1) in policy.times  # target-only beat k = 1 at 4 sessions
     assert set(_run(policy, HEAVY, batch_size=16, duration_s=400, start=300)) == {0}
-    later = _run(policy, HEAVY, batch_size=16, duration_s=200, start=700)
-    assert set(later) != {0}  # MAX_BACKOFF refresh periods (480 s) after 16 sessions were first seen
+    # Measured again MAX_BACKOFF refresh periods (480 s) after 16 sessions were first seen, and once leaving
+    # target-only for 16 sessions is priced (at 4 sessions, 0.26 s per session lost: 820 s at a share of 0.5%)
+    later = _run(policy, HEAVY, batch_size=16, duration_s=600, start=700)
+    assert set(later) != {0}
 
 
 def _run_catching_up(
@@ -393,7 +395,7 @@ def test_leaving_target_only_on_earlier_figures_is_tried_as_an_exploration() -> 
     for _ in range(24):  # k = 1 (all accepted) measured at 2 tokens in 0.8 s, target-only at 1 in 0.5 s
         policy.observe(8, 1, 1, 0.8, now=0.0)
         policy.observe(8, 0, 0, 0.5, now=1.0)
-    policy._k, policy._chosen, policy._bucket = 0, 0, batch_bucket(8)
+    policy._k = policy._chosen = 0
     policy._serving_s, policy._quiet_until[batch_bucket(8)] = 100.0, 50.0
     assert policy.choose(8, now=10.0) == 0  # 2.5 against 2 tokens/s: within the margin
     for _ in range(64):  # target-only's figure drifts down to 1 token in 0.6 s
@@ -406,3 +408,42 @@ def test_leaving_target_only_on_earlier_figures_is_tried_as_an_exploration() -> 
     # 4 s at 40% short of target-only's pace: 1.6 s lost, and 320 s (at a share of 0.5%) without exploring
     assert policy._exploring_s == pytest.approx(4.0)
     assert policy._quiet_until[batch_bucket(8)] == pytest.approx(64.0 + 320.0)
+
+
+def test_the_first_departure_from_target_only_at_a_batch_size_is_priced_by_the_last() -> None:
+    """A batch size that never left target-only waits, before its first exploration of a k > 0, until what the
+    last departure cost per session (elsewhere), for its sessions, is `explore_cost_share` of the time since it
+    was first seen: 16 drafts catching up cost four times what 4 did. Unpriced (a fresh policy), it explores."""
+    fresh, priced = AdaptiveK(8), AdaptiveK(8, _leaving_s=0.4)  # 0.4 s lost per session, at another batch size
+    for policy in (fresh, priced):
+        policy._k = policy._chosen = 0
+        policy._serving_s = 100.0
+        for _ in range(48):
+            policy.observe(16, 0, 0, 0.5, now=0.0)
+    assert fresh.choose(16, now=1.0) == 1 and fresh._exploration is not None
+    assert priced.choose(16, now=1.0) == 0  # first seen at 1 s: quiet until 1 + 0.4 * 16 / 0.005 = 1281 s
+    assert priced.choose(16, now=1200.0) == 0
+    assert priced.choose(16, now=1282.0) == 1 and priced._exploration is not None
+    assert priced._exploration.leaves_target_only
+
+
+def test_an_exploration_from_target_only_prices_the_next_departure_per_session() -> None:
+    policy = AdaptiveK(8)
+    policy._exploration = Exploration(bucket=4, baseline=2.0, started_at=0.0, sessions=4, leaves_target_only=True)
+    policy._exploration.observe(tokens=4, seconds=4.0)  # 1 token/s against 2: half the pace, for 4 s
+    policy._end_exploration(won=False, now=4.0)
+    assert policy._leaving_s == pytest.approx(2.0 / 4) and 4 in policy._left_target_only
+
+
+def test_leaving_target_only_at_a_batch_size_other_than_the_last_decisions_is_an_exploration_too() -> None:
+    """The batch growing and shrinking by one (a session between requests) changes the bucket between decisions:
+    a departure from target-only there is an exploration as well, waiting for the quiet time."""
+    policy = AdaptiveK(8, prior_weight=0.0)
+    for _ in range(24):  # at 8 sessions, k = 1 (all accepted) 2 tokens in 0.6 s, target-only 1 in 0.5 s
+        policy.observe(8, 1, 1, 0.6, now=0.0)
+        policy.observe(8, 0, 0, 0.5, now=1.0)
+    policy._k = policy._chosen = 0
+    policy._serving_s, policy._quiet_until[batch_bucket(8)] = 100.0, 50.0
+    assert policy.choose(6, now=10.0) == 0  # another batch size decided last
+    assert policy.choose(8, now=20.0) == 0  # k = 1 1.67x faster on paper, but the batch size is quiet
+    assert policy.choose(8, now=60.0) == 1 and policy._exploration is not None

@@ -82,6 +82,14 @@ def test_a_fresh_policy_under_load_pays_little_for_the_drafts_catching_up() -> N
     target-only's pace."""
     heavy = {8: {0: 1.0, 1: 0.85, 2: 0.8, 4: 0.75}, 16: {0: 1.0, 1: 0.8, 2: 0.7, 4: 0.6}}
     landscape = Landscape.from_rows(_rows(heavy))
-    rows = evaluate(landscape, ReplayConfig(catch_up_s=0.4, paths=6))
+    rows = evaluate(landscape, ReplayConfig(catch_up_s=0.4, paths=20))
     assert [row["concurrency"] for row in rows] == [8, 16]
     assert all(row["adaptive_mean_speedup"] > 0.98 and row["adaptive_mean_k"] < 0.1 for row in rows), rows
+
+
+def test_a_batch_one_short_now_and_then_does_not_leave_target_only_unpriced() -> None:
+    """At 4 clients a decision now and then sees 3 sessions (one between requests), another batch size bucket:
+    leaving target-only there is priced like an exploration too (unpriced, adaptive ran at 0.95x)."""
+    landscape = Landscape.from_rows(_rows({1: {0: 1.0, 1: 1.5, 2: 1.8, 4: 2.1}, 4: {0: 1.0, 1: 0.95, 2: 0.93, 4: 0.9}}))
+    rows = evaluate(landscape, ReplayConfig(catch_up_s=0.4, short_batch=0.2, paths=20))
+    assert rows[1]["concurrency"] == 4 and rows[1]["adaptive_mean_speedup"] > 0.965, rows
