@@ -364,7 +364,8 @@ class AdaptiveK:
 
     def _end_exploration(self, won: bool, now: float) -> None:
         """A losing exploration is charged to the budget, and its batch size explores nothing else (but a
-        missing target-only figure) until the seconds it lost are `explore_cost_share` of the time since."""
+        missing target-only figure) until the seconds it lost are `explore_cost_share` of the time since. One
+        from target-only, won or lost, prices per session the next first departure at another batch size."""
         exploration, self._exploration = self._exploration, None
         if exploration is None:
             return
