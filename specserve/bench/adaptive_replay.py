@@ -104,8 +104,8 @@ class ReplayConfig:
     """Per session, the draft catching up on its context when k leaves 0 (a draft prefill of 100-230 tokens
     took 0.24-0.48 s in the served sweeps here); on the round after, for the whole batch."""
     short_batch: float = 0.2
-    """Share of decisions taken one session short (a session between requests): the batch size bucket then
-    changes between decisions, at 3 to 4 and 12 to 14 sessions."""
+    """Share of decisions taken one session short (a session between requests): where that is another batch
+    size bucket (3 of 4 sessions is; 15 of 16 is not) the bucket changes between decisions."""
     paths: int = 100
 
 
