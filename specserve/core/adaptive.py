@@ -369,13 +369,14 @@ class AdaptiveK:
         exploration, self._exploration = self._exploration, None
         if exploration is None:
             return
-        if exploration.leaves_target_only:
+        lost_s = exploration.lost_s(now)
+        if exploration.leaves_target_only and exploration.baseline > 0.0:  # no target-only pace: nothing measured
             self._left_target_only.add(exploration.bucket)
-            self._leaving_s = exploration.lost_s(now) / exploration.sessions
+            self._leaving_s = lost_s / exploration.sessions
         if won:
             return
         self._exploring_s += exploration.serving_s
-        quiet_s = exploration.lost_s(now) / self.explore_cost_share
+        quiet_s = lost_s / self.explore_cost_share
         self._quiet_until[exploration.bucket] = max(self._quiet_until.get(exploration.bucket, -math.inf), now + quiet_s)
 
     def _due(self, bucket: int, k: int, best_rate: float, estimate: float | None, now: float) -> bool:

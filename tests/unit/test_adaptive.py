@@ -433,6 +433,11 @@ def test_an_exploration_from_target_only_prices_the_next_departure_per_session()
     policy._exploration.observe(tokens=4, seconds=4.0)  # 1 token/s against 2: half the pace, for 4 s
     policy._end_exploration(won=False, now=4.0)
     assert policy._leaving_s == pytest.approx(2.0 / 4) and 4 in policy._left_target_only
+    # left without a target-only figure to measure the loss against: the price stands
+    policy._exploration = Exploration(bucket=6, baseline=0.0, started_at=4.0, sessions=8, leaves_target_only=True)
+    policy._exploration.observe(tokens=4, seconds=4.0)
+    policy._end_exploration(won=False, now=8.0)
+    assert policy._leaving_s == pytest.approx(2.0 / 4) and 6 not in policy._left_target_only
 
 
 def test_leaving_target_only_at_a_batch_size_other_than_the_last_decisions_is_an_exploration_too() -> None:
