@@ -52,7 +52,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--modes", nargs="+", default=list(DEFAULT_MODES), help="with --concurrency/--request-rate: "
-        "target-only, k=N, adaptive, and k=N+stop / adaptive+stop (the draft ends windows on low confidence)",
+        "target-only, k=N, adaptive, and k=N+stop / adaptive+stop (the draft ends windows on low confidence); "
+        "a mode with a label, e.g. target-only#2, runs again in turns of its own (its ratio to the mode: the noise)",
     )  # fmt: skip
     parser.add_argument(
         "--confidence-threshold", type=float, default=0.3,

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODES = ("target-only", "k=4", "adaptive")
 EARLY_STOP = "+stop"  # mode suffix: served by the orchestrator whose draft ends windows on low confidence
+CONTROL = "#"  # 'target-only#2': the mode again, in turns of its own; its ratio to the mode is the bench's noise
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +36,12 @@ class Mode:
 
 
 def parse_mode(name: str) -> Mode:
-    """'target-only', 'k=N', 'adaptive', and either speculative one with '+stop' (e.g. 'adaptive+stop')."""
-    base, early_stop = (name[: -len(EARLY_STOP)], True) if name.endswith(EARLY_STOP) else (name, False)
+    """'target-only', 'k=N', 'adaptive', and either speculative one with '+stop' (e.g. 'adaptive+stop'); any
+    of them with a control label ('target-only#2'), measured alike under its own name."""
+    base, _, label = name.partition(CONTROL)
+    if CONTROL in name and not label.isalnum():
+        raise ValueError(f"unknown mode {name!r}: a control's label is letters or digits ('target-only#2')")
+    base, early_stop = (base[: -len(EARLY_STOP)], True) if base.endswith(EARLY_STOP) else (base, False)
     if base == "target-only" and not early_stop:
         return Mode(name, 0)
     if base == "adaptive":
@@ -94,6 +99,8 @@ class LoadRun:
     """The measured window: the whole run, or its timed part (--duration)."""
     counted_tokens: int = 0
     """Tokens received in the measured window, from finished and cut-off requests alike."""
+    turns: list[float] = field(default_factory=list)
+    """Tokens/s of each turn merged into this run (a shared machine's drift shows as their spread)."""
     outputs: dict[RequestKey, list[int]] = field(default_factory=dict)  # finished requests only
     prompts: dict[RequestKey, Prompt] = field(default_factory=dict)  # of the finished requests
     latencies: list[float] = field(default_factory=list)
@@ -124,6 +131,7 @@ class LoadRun:
         """Add a later run of the same mode and load (its request keys are distinct)."""
         self.seconds += other.seconds
         self.counted_tokens += other.counted_tokens
+        self.turns += other.turns
         self.outputs.update(other.outputs)
         self.prompts.update(other.prompts)
         self.latencies += other.latencies
@@ -137,7 +145,7 @@ class LoadRun:
 
     def summary(self, reference: LoadRun | None) -> dict:
         """`reference`: the target-only run at the same load (identity, the bound and efficiency)."""
-        tokens_per_second = self.counted_tokens / self.seconds if self.seconds else 0.0
+        tokens_per_second = self.counted_tokens / self.seconds if self.seconds else 0.0  # over every turn
         identical = compared = bound = None
         if reference is not None and self.temperature == 0:  # sampled outputs differ by design
             both = [key for key in self.outputs if key in reference.outputs]  # a timed run finishes what it can
@@ -157,6 +165,7 @@ class LoadRun:
             "requests": len(self.outputs),
             "errors": len(self.errors),
             "tokens_per_second": tokens_per_second,
+            "tokens_per_second_by_turn": self.turns,
             # None when no full-length request finished (a timed run at high load can end before any)
             "latency_p50_s": _percentile(self.latencies, 50),
             "latency_p99_s": _percentile(self.latencies, 99),
@@ -217,10 +226,7 @@ def run_load(
 
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(concurrency)]
     timer = threading.Timer(window.end - started, window.close) if duration_s else None
-    _timed(run, threads, timer)
-    if duration_s:
-        run.seconds = duration_s
-    return run
+    return _timed(run, threads, timer, duration_s)
 
 
 def run_rate(
@@ -248,7 +254,10 @@ def run_rate(
     return _timed(run, [threading.Thread(target=arrive, args=(i,)) for i in range(num_requests)])
 
 
-def _timed(run: LoadRun, threads: list[threading.Thread], timer: threading.Timer | None = None) -> LoadRun:
+def _timed(
+    run: LoadRun, threads: list[threading.Thread], timer: threading.Timer | None = None, window_s: float | None = None
+) -> LoadRun:
+    """Runs the threads; the run's seconds are its measured window's (`window_s`) or, without one, the whole run's."""
     started = time.perf_counter()
     for thread in threads + ([timer] if timer else []):
         thread.start()
@@ -256,7 +265,8 @@ def _timed(run: LoadRun, threads: list[threading.Thread], timer: threading.Timer
         thread.join()
     if timer:
         timer.cancel()
-    run.seconds = time.perf_counter() - started
+    run.seconds = window_s or time.perf_counter() - started
+    run.turns = [run.counted_tokens / run.seconds if run.seconds else 0.0]
     return run
 
 
@@ -327,15 +337,18 @@ def sweep(
     compared: list[Compared] | None = None,
 ) -> list[dict]:
     """Every mode at every concurrency for every workload; per (workload, concurrency) the modes take turns
-    `repeats` times (on a shared machine the speed drifts: taking turns spreads the drift over all modes);
-    target-only runs first (the reference), whether asked for or not. `compared` collects each row with
-    its run and the reference, for check_departures()."""
+    `repeats` times, every other time in reverse order (on a shared machine the speed drifts: taking turns
+    spreads the drift over all modes, and reversing cancels a steady one, which in the same order each time
+    would favour the modes that run later when the machine speeds up); target-only is the reference,
+    whether asked for or not, and its row comes first. `compared` collects each row with its run and the
+    reference, for check_departures()."""
     rows = []
+    order = _with_reference(modes)
     for category, prompts in workloads.items():
         for concurrency in concurrencies:
             runs: dict[str, LoadRun] = {}
             for repeat in range(repeats):
-                for mode in _with_reference(modes):
+                for mode in order if repeat % 2 == 0 else order[::-1]:
                     run = run_load(
                         clients, mode, concurrency, prompts, max_tokens, requests_per_client, category, temperature,
                         repeat, duration_s, warmup_s,
@@ -448,9 +461,10 @@ def _with_reference(modes: tuple[str, ...]) -> list[str]:
 
 def format_row(row: dict) -> str:
     acceptance = "" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}"
+    turns = row.get("tokens_per_second_by_turn", [])
     return (
         f"{row['category']:18} {_load_label(row):7} prompt {row['mean_prompt_tokens']:5.0f}  "
-        f"{row['mode']:12} {row['tokens_per_second']:7.2f} tok/s  "
+        f"{row['mode']:12} {row['tokens_per_second']:7.2f} tok/s ({'/'.join(f'{t:.1f}' for t in turns)})  "
         f"p50 {_figure(row['latency_p50_s'], '6.2f')}s p99 {_figure(row['latency_p99_s'], '6.2f')}s  "
         f"ttft {_figure(row['ttft_p50_ms'], '6.0f')} ms  tpot {_figure(row['tpot_ms'], '6.0f')} ms  "
         f"accept {acceptance:4}  k {row['mean_k']:4.1f}  "

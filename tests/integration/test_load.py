@@ -85,6 +85,19 @@ def test_a_k_sweep_with_the_early_stop_modes_runs_target_only_first() -> None:
     assert by_mode["k=6+stop"]["mean_k"] < by_mode["k=6"]["mean_k"]
 
 
+def test_a_control_runs_its_mode_again_in_turns_of_its_own() -> None:
+    with LocalStack() as stack, SpecServeClient(stack.address) as client:
+        modes = ("target-only#2", "k=2")
+        rows = sweep({False: client}, {"code": PROMPTS}, [2], 16, 1, log=False, modes=modes, repeats=2)
+    assert [r["mode"] for r in rows] == ["target-only", "target-only#2", "k=2"]
+    control = rows[1]
+    assert control["mean_k"] == 0 and control["acceptance_rate"] is None  # measured as target-only is
+    assert control["identical_to_target_only"] == control["requests"] == 4
+    for row in rows:  # each turn's figure kept; the row's is over all of them
+        turns = row["tokens_per_second_by_turn"]
+        assert len(turns) == 2 and min(turns) <= row["tokens_per_second"] <= max(turns)
+
+
 def test_a_timed_run_counts_the_window_and_cuts_the_requests_still_running(tiny_target: LoadedModel) -> None:
     with LocalStack() as stack, SpecServeClient(stack.address) as client:
         short = run_load({False: client}, "k=4", 2, PROMPTS, 32, 0, duration_s=2.0, warmup_s=0.5)
@@ -107,7 +120,9 @@ def test_mode_names() -> None:
     assert parse_mode("target-only") == Mode("target-only", 0)
     assert parse_mode("k=6") == Mode("k=6", 6)
     assert parse_mode("adaptive+stop") == Mode("adaptive+stop", None, early_stop=True)
-    for bad in ("k=0", "k=x", "fast", "target-only+stop"):
+    assert parse_mode("target-only#2") == Mode("target-only#2", 0)
+    assert parse_mode("adaptive+stop#b") == Mode("adaptive+stop#b", None, early_stop=True)
+    for bad in ("k=0", "k=x", "fast", "target-only+stop", "target-only#", "k=4#a b", "fast#2"):
         with pytest.raises(ValueError, match="unknown mode"):
             parse_mode(bad)
 
