@@ -77,6 +77,10 @@ def tokens_per_round(acceptances: list[float]) -> float:
     return tokens
 
 
+def _rate_text(rate: float | None) -> str:
+    return "?" if rate is None else f"{rate:.2f}"
+
+
 def batch_bucket(batch_size: int) -> int:
     """Half-octave buckets (1, 2, 3, 4, 5-6, 7-9, 10-13, 14-19, ...): nearby batch sizes cost about the same."""
     return round(2 * math.log2(max(1, batch_size)))
@@ -90,7 +94,7 @@ class Exploration:
 
     bucket: int
     baseline: float
-    """Tokens per second per session of the best k when it began."""
+    """Tokens per second per session it is held against: the best k's when it began, measured at its batch size."""
     started_at: float
     sessions: int = 1
     leaves_target_only: bool = False
@@ -230,15 +234,17 @@ class AdaptiveK:
     def choose(self, batch_size: int, now: float) -> int:
         self._count_time(now)
         if now - self._decided_at >= self.period_s and self._settled(batch_size, now):
-            k = self._decide(batch_bucket(batch_size), batch_size, now)
+            bucket = batch_bucket(batch_size)
+            k = self._decide(bucket, batch_size, now)
             if k != self._k:
                 self._settled_at, self._fresh = now + self._last_round_s, 0
                 logger.info(
-                    "adaptive k %d -> %d at %d sessions%s",
+                    "adaptive k %d -> %d at %d sessions (%stokens/s a session: %s)",
                     self._k,
                     k,
                     batch_size,
-                    " (exploring)" if self._exploration is not None else "",
+                    "exploring; " if self._exploration is not None else "",
+                    ", ".join(f"k={x} {_rate_text(self.estimate(bucket, x))}" for x in (self._k, k)),
                 )
             self._k, self._decided_at = k, now
         return self._k
@@ -315,7 +321,7 @@ class AdaptiveK:
             # by one) is tried as an exploration, when one may be: every session's draft has to catch up first.
             if quiet:
                 return 0
-            self._exploration = Exploration(bucket, known.get(0, 0.0), now, batch_size, leaves_target_only=True)
+            self._exploration = Exploration(bucket, self._pace_here(bucket, known, 0), now, batch_size, True)
             return best
         self._chosen = best
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
@@ -350,8 +356,19 @@ class AdaptiveK:
         alone = bucket == 0
         explored = min(due, key=lambda k: (self._updated_at(bucket, k), (k == 0) == alone, -k if alone else k))
         leaves = self._k == 0 and explored > 0
-        self._exploration = Exploration(bucket, known[best], now, batch_size, leaves_target_only=leaves)
+        self._exploration = Exploration(bucket, self._pace_here(bucket, known, best), now, batch_size, leaves)
         return explored
+
+    def _pace_here(self, bucket: int, known: dict[int, float], best: int) -> float:
+        """What an exploration's tokens are held against: the best k's pace measured at this batch size, else
+        target-only's measured here, else nothing (0: no loss charged). Not a pace borrowed from another batch
+        size: at 2 clients the one-client k = 5 figure (rounds in turn, the draft on both cores), scaled by
+        target-only's round times, priced a 3 s exploration at 1.5 s lost, and the batch size sat at k = 0
+        for five minutes while k = 5 served it 1.4x faster."""
+        for k in (best, 0):
+            if k in known and self._seconds(bucket, k) is not None:
+                return known[k]
+        return 0.0
 
     def _first_leaving_at(self, bucket: int, batch_size: int) -> float:
         """Before this time a batch size at target-only that never left it explores nothing: until what leaving

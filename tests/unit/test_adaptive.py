@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 
 import pytest
 
@@ -280,7 +281,12 @@ def test_a_change_of_k_is_logged(caplog: pytest.LogCaptureFixture) -> None:
         assert not caplog.records  # no change, no line
         changed = policy.choose(1, now=11.0)  # a neighbour or target-only is measured next
     assert changed != 4
-    assert caplog.messages == [f"adaptive k 4 -> {changed} at 1 sessions (exploring)"]
+    # with the expected tokens/s of both: the figures it decided on (measured or borrowed; ? when neither)
+    assert len(caplog.messages) == 1
+    assert re.fullmatch(
+        rf"adaptive k 4 -> {changed} at 1 sessions \(exploring; tokens/s a session: k=4 \d+\.\d\d, k={changed} \?\)",
+        caplog.messages[0],
+    ), caplog.messages
 
 
 def test_speculation_must_beat_target_only_by_the_margin() -> None:
@@ -438,6 +444,26 @@ def test_an_exploration_from_target_only_prices_the_next_departure_per_session()
     policy._exploration.observe(tokens=4, seconds=4.0)
     policy._end_exploration(won=False, now=8.0)
     assert policy._leaving_s == pytest.approx(2.0 / 4) and 6 not in policy._left_target_only
+
+
+def test_an_exploration_is_held_against_a_pace_measured_at_its_batch_size() -> None:
+    """Not against one borrowed from another batch size: at 2 clients the one-client k = 5 figure priced an
+    exploration that beat target-only as a loss, and the batch size sat at k = 0 for minutes."""
+    policy = AdaptiveK(8, prior_weight=0.0)
+    for _ in range(16):  # alone: k = 5 (all accepted) 6 tokens in 0.4 s, target-only 1 in 0.2 s
+        policy.observe(1, 5, 5, 0.4, now=0.0)
+        policy.observe(1, 0, 0, 0.2, now=0.0)
+    policy._k, policy._serving_s = 0, 100.0
+    policy._exploration = Exploration(batch_bucket(2), 0.0, 10.0, 2)  # target-only being measured at 2 sessions
+    for _ in range(16):
+        policy.observe(2, 0, 0, 0.25, now=11.0)  # 4 tokens/s a session; k = 5 borrowed from one session: 12
+    assert policy.estimate(batch_bucket(2), 5) == pytest.approx(12.0)
+    assert policy.choose(2, now=12.0) == 4 and policy._exploration is not None  # k = 5's neighbour, never measured
+    assert policy._exploration.baseline == pytest.approx(4.0)  # target-only's pace here, not the borrowed 12
+    for _ in range(16):  # k = 4 (all accepted) 5 tokens in 0.8 s: 6.25 a session, faster than target-only here
+        policy.observe(2, 4, 4, 0.8, now=20.0)
+    assert policy.choose(2, now=20.0) != 0
+    assert policy._quiet_until[batch_bucket(2)] == pytest.approx(20.0)  # nothing lost: nothing keeps it quiet
 
 
 def test_leaving_target_only_at_a_batch_size_other_than_the_last_decisions_is_an_exploration_too() -> None:
