@@ -94,7 +94,7 @@ class Exploration:
 
     bucket: int
     baseline: float
-    """Tokens per second per session it is held against: the best k's when it began, measured at its batch size."""
+    """Tokens per second per session it is held against, measured at its batch size (AdaptiveK._pace_here)."""
     started_at: float
     sessions: int = 1
     leaves_target_only: bool = False
@@ -387,7 +387,7 @@ class AdaptiveK:
         if exploration is None:
             return
         lost_s = exploration.lost_s(now)
-        if exploration.leaves_target_only and exploration.baseline > 0.0:  # no target-only pace: nothing measured
+        if exploration.leaves_target_only and exploration.baseline > 0.0:  # no pace measured here: nothing to price
             self._left_target_only.add(exploration.bucket)
             self._leaving_s = lost_s / exploration.sessions
         if won:
