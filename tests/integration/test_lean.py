@@ -15,6 +15,7 @@ LOADS = {
     "float32": ModelConfig("tiny", device="cpu", dtype="float32"),
     "bfloat16": ModelConfig("tiny", device="cpu", dtype="bfloat16"),
     "int8 draft": ModelConfig("tiny-draft", device="cpu", quantization="int8"),
+    "int4 draft": ModelConfig("tiny-draft", device="cpu", quantization="int4"),
 }
 
 
