@@ -16,7 +16,7 @@ class EngineConfig:
     target: ModelConfig = field(default_factory=lambda: ModelConfig(DEFAULT_TARGET))
     """The model whose output is reproduced."""
     draft: ModelConfig | None = field(default_factory=lambda: ModelConfig(DEFAULT_DRAFT, quantization="auto"))
-    """The proposer (int8 on CPU by default: its step is 2.2x cheaper); None for target-only serving."""
+    """The proposer (int4/int8 on CPU by default: models/quantized.py); None for target-only serving."""
     num_speculative_tokens: int = 4
     """k: drafts proposed per round when a request does not say. 0 = target-only."""
 

@@ -19,6 +19,7 @@ from specserve.core.stats import SpeculationStats
 from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel, ModelConfig, load_model
 from specserve.models.packing import PackedLinear
+from specserve.models.quantized import quantization_label
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 logger = logging.getLogger(__name__)
@@ -233,8 +234,7 @@ def _measure(prompts: list[Prompt], modes: list[tuple[ModeResult, Runner]]) -> N
 
 
 def _dtype(loaded: LoadedModel) -> str:
-    quantized = any("quantized" in type(m).__module__ for m in loaded.model.modules())
-    return "int8 (dynamic)" if quantized else str(loaded.dtype).removeprefix("torch.")
+    return quantization_label(loaded.model) or str(loaded.dtype).removeprefix("torch.")
 
 
 def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], modes: list[ModeResult]) -> dict:

@@ -82,6 +82,15 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int4={int4}"
 
 
+def quantization_label(model: nn.Module) -> str | None:
+    """How this module's Linear layers are quantized ("int4 + int8", "int8 (dynamic)"), or None."""
+    if any(isinstance(m, Int4Linear) for m in model.modules()):
+        return "int4 + int8 (dynamic) for longer passes"
+    if any("quantized" in type(m).__module__ for m in model.modules()):
+        return "int8 (dynamic)"
+    return None
+
+
 def _pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Asymmetric int4 per group: w ~ q * scale + minimum, q in 0..15. torch's kernel computes
     (q - 8) * scale + zero, so zero = minimum + 8 * scale; scales and zeros are [groups, out, 2]."""

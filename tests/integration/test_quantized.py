@@ -83,3 +83,29 @@ def test_auto_quantization_picks_int4_where_the_cpu_computes_in_bfloat16() -> No
         from specserve.models.quantized import quantize_int4
 
         quantize_int4(nn.Linear(32, 32), torch.device("cuda"))
+
+
+def test_the_bench_labels_an_int4_draft_as_such(int4_draft: LoadedModel) -> None:
+    from specserve.models.quantized import quantization_label
+
+    assert quantization_label(int4_draft.model) == "int4 + int8 (dynamic) for longer passes"
+    assert quantization_label(nn.Sequential(nn.Linear(4, 4))) is None
+
+
+def test_a_bfloat16_int4_draft_serves_greedy_and_sampled_requests(tiny_target: LoadedModel) -> None:
+    """The real draft's setting: bfloat16 activations around the int4 layers (tiny presets default to float32)."""
+    from specserve.core.types import SamplingParams
+
+    draft = load_model(ModelConfig("tiny-draft", device="cpu", dtype="bfloat16", quantization="int4"), progress=False)
+    assert draft.dtype == torch.bfloat16
+    engine = SpeculativeEngine(tiny_target, draft)
+    greedy = engine.generate(GenerationRequest(prompt="def f(", max_tokens=32, num_speculative_tokens=4))
+    expected = engine.generate(GenerationRequest(prompt="def f(", max_tokens=32, num_speculative_tokens=0))
+    assert greedy.token_ids == expected.token_ids and greedy.stats.num_accepted > 0
+    sampling = SamplingParams(temperature=0.7, seed=3)
+    request = GenerationRequest(
+        prompt="def f(", max_tokens=32, num_speculative_tokens=4, sampling=sampling, ignore_eos=True
+    )
+    first, again = engine.generate(request), engine.generate(request)
+    assert len(first.token_ids) == 32 and first.token_ids == again.token_ids  # seeded: reproducible
+    assert first.stats.num_accepted > 0
