@@ -55,10 +55,11 @@ class Int4Linear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()
+        float_linear = _float_copy(linear)
+        weight = float_linear.weight.detach()  # one float32 copy for both weight sets
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.int8 = _int8_dynamic(nn.Sequential(_float_copy(linear)))[0]
+            warnings.simplefilter("ignore")  # torch points eager quantization users to torchao
+            self.int8 = _int8_dynamic(nn.Sequential(float_linear))[0]
         self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
         # attributes, not parameters: packed layouts that state_dict() and .to() must not see
         self.packed_weight: torch.Tensor | None = None
