@@ -107,10 +107,11 @@ def _pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _float_copy(linear: nn.Linear) -> nn.Linear:
-    copy = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
-    copy.weight.data = linear.weight.detach().float()
+    # built on the meta device: a random initialisation of a 150k-row output layer would be thrown away
+    copy = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+    copy.weight = nn.Parameter(linear.weight.detach().float(), requires_grad=False)
     if linear.bias is not None:
-        copy.bias.data = linear.bias.detach().float()
+        copy.bias = nn.Parameter(linear.bias.detach().float(), requires_grad=False)
     return copy
 
 
