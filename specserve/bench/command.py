@@ -20,7 +20,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fp32-draft", action="store_true", help="skip the modes with a float32 draft")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face assisted-generation peer")
     parser.add_argument(
-        "--no-hf-plain", action="store_true", help="skip the peer on a target without specserve's prepacked weights"
+        "--no-hf-plain", action="store_true",
+        help="skip the peer on a target as transformers ships it (no prepacked weights, SDPA attention)"
     )
     parser.add_argument("--baseline-dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPES))
     parser.add_argument("--served", action="store_true", help="also measure the served stack over gRPC")

@@ -17,6 +17,7 @@ from specserve.bench.theory import expected_speedup
 from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
 from specserve.engine import SpeculativeEngine
+from specserve.models.attention import ATTENTION
 from specserve.models.loading import LoadedModel, ModelConfig, load_model
 from specserve.models.packing import PackedLinear
 from specserve.models.quantized import quantization_label
@@ -46,7 +47,8 @@ class BenchConfig:
     """Run the peer (Hugging Face assisted generation)."""
     hf_plain_target: bool = True
     """Also run the peer's target-only and default modes on a target loaded as transformers ships it, without
-    specserve's prepacked weights (the peer's other modes get them, as they get the int8 draft)."""
+    specserve's prepacked weights and few-query attention (the peer's other modes get them, as they get the
+    quantized draft)."""
     hf_fp32_draft: bool = True
     """Also run the peer and specserve with an unquantized float32 draft, in case it is faster."""
     served: bool = False
@@ -200,14 +202,15 @@ def _peer_modes(
     cfg: BenchConfig, target: LoadedModel, draft: LoadedModel, home: Path | None
 ) -> list[tuple[ModeResult, Runner]]:
     """HF's target-only, assisted generation at each constant k and at its defaults; all again on a target
-    loaded as transformers ships it, when ours has prepacked weights."""
+    loaded as transformers ships it, when ours has prepacked weights or few-query attention."""
     targets = [(target, "")]
-    if cfg.hf_plain_target and any(isinstance(m, PackedLinear) for m in target.model.modules()):
-        plain = load_model(ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False), home)
-        targets.append((plain, " plain"))
+    packed = any(isinstance(m, PackedLinear) for m in target.model.modules())
+    if cfg.hf_plain_target and (packed or target.model.config._attn_implementation == ATTENTION):
+        as_shipped = ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False, few_query_attention=False)
+        targets.append((load_model(as_shipped, home), " plain"))
     modes: list[tuple[ModeResult, Runner]] = []
     for model, suffix in targets:
-        weights = f"target {_dtype(model)}" + (", plain weights" if suffix else "")
+        weights = f"target {_dtype(model)}" + (", plain weights, SDPA" if suffix else "")
         modes.append((ModeResult(f"hf target-only{suffix}", "target-only", 0, weights), _peer(model, None, None, cfg)))
         settings = f"{weights}, draft {_dtype(draft)}"
         for k in cfg.hf_ks:

@@ -10,8 +10,12 @@ import weakref
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from specserve.models.attention import ATTENTION, few_query_attention
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+ATTENTION_FUNCTIONS = {"sdpa": sdpa_attention_forward, ATTENTION: few_query_attention}  # transformers' own
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
@@ -19,7 +23,7 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model type {config.model_type!r}"
-    if getattr(config, "_attn_implementation", None) != "sdpa":
+    if getattr(config, "_attn_implementation", None) not in ATTENTION_FUNCTIONS:
         return f"attention implementation {getattr(config, '_attn_implementation', None)!r}"
     rope = getattr(config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default":
@@ -60,7 +64,7 @@ class LeanDecoder:
         self.device = model.device
         attention = base.layers[0].self_attn
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
-        self.num_kv_groups = attention.num_key_value_groups
+        self.attention = ATTENTION_FUNCTIONS[model.config._attn_implementation]
         self.inv_freq, self.rope_scaling = base.rotary_emb.inv_freq, base.rotary_emb.attention_scaling
         self._cos = self._sin = torch.empty(0, device=self.device)
 
@@ -73,9 +77,9 @@ class LeanDecoder:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         hidden = model.model.embed_tokens(input_ids)  # [1, T, hidden]
         cos, sin = self._rope(start, num_new, hidden.dtype)  # [1, 1, T, head_dim]
-        # as transformers' sdpa path: no mask for one token or an empty cache (is_causal then), else a
+        # as transformers' masks for SDPA: none for one token or an empty cache (causal then), else a
         # lower-right causal mask over cache + new tokens
-        mask, causal = None, start == 0 and num_new > 1
+        mask = None
         if start > 0 and num_new > 1:
             total = start + num_new
             mask = torch.arange(total, device=self.device) <= torch.arange(start, total, device=self.device)[:, None]
@@ -83,7 +87,7 @@ class LeanDecoder:
         for layer_idx, layer in enumerate(model.model.layers):
             residual = hidden
             hidden = _rms_norm(layer.input_layernorm, hidden)
-            hidden = residual + self._attend(layer.self_attn, hidden, cos, sin, cache, layer_idx, mask, causal)
+            hidden = residual + self._attend(layer.self_attn, hidden, cos, sin, cache, layer_idx, mask)
             residual, mlp = hidden, layer.mlp
             hidden = _rms_norm(layer.post_attention_layernorm, hidden)
             hidden = residual + mlp.down_proj(F.silu(mlp.gate_proj(hidden)) * mlp.up_proj(hidden))
@@ -99,7 +103,6 @@ class LeanDecoder:
         cache: DynamicCache,
         layer_idx: int,
         mask: torch.Tensor | None,
-        causal: bool,
     ) -> torch.Tensor:
         shape = (*hidden.shape[:-1], -1, self.head_dim)
         query = attention.q_proj(hidden).view(shape).transpose(1, 2)  # [1, heads, T, head_dim]
@@ -107,14 +110,7 @@ class LeanDecoder:
         value = attention.v_proj(hidden).view(shape).transpose(1, 2)
         query, key = query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
         key, value = cache.update(key, value, layer_idx)
-        if mask is None:  # grouped heads inside SDPA
-            out = F.scaled_dot_product_attention(
-                query, key, value, scale=self.scaling, is_causal=causal, enable_gqa=True
-            )
-        else:  # a mask: transformers repeats the key/value heads instead
-            key, value = _repeat_kv(key, self.num_kv_groups), _repeat_kv(value, self.num_kv_groups)
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=self.scaling)
-        out = out.transpose(1, 2).contiguous()
+        out, _ = self.attention(attention, query, key, value, mask, scaling=self.scaling)  # [1, T, heads, head_dim]
         return attention.o_proj(out.reshape(*hidden.shape[:-1], -1).contiguous())
 
     def _rope(self, start: int, num_new: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,11 +136,3 @@ def _rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _repeat_kv(x: torch.Tensor, num_groups: int) -> torch.Tensor:  # [1, kv_heads, L, d] -> [1, heads, L, d]
-    if num_groups == 1:
-        return x
-    batch, num_kv_heads, length, head_dim = x.shape
-    x = x[:, :, None].expand(batch, num_kv_heads, num_groups, length, head_dim)
-    return x.reshape(batch, num_kv_heads * num_groups, length, head_dim)

@@ -1,4 +1,5 @@
-"""The lean single-sequence pass (models/lean.py) gives transformers' logits bit for bit, cache included."""
+"""The lean single-sequence pass (models/lean.py) gives transformers' logits bit for bit, cache included, with
+specserve's few-query attention (the CPU default) and with transformers' SDPA."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ PROMPT = list(b"def fibonacci(n):\n    if n < 2:\n        return n\n")
 LOADS = {
     "float32": ModelConfig("tiny", device="cpu", dtype="float32"),
     "bfloat16": ModelConfig("tiny", device="cpu", dtype="bfloat16"),
+    "bfloat16, SDPA": ModelConfig("tiny", device="cpu", dtype="bfloat16", few_query_attention=False),
+    "float32, SDPA": ModelConfig("tiny", device="cpu", dtype="float32", few_query_attention=False),
     "int8 draft": ModelConfig("tiny-draft", device="cpu", quantization="int8"),
     "int4 draft": ModelConfig("tiny-draft", device="cpu", quantization="int4"),
 }
