@@ -420,8 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: list[str] | None = None) -> int:
-    """Entry point of `python -m draft_service` / `python -m target_service`."""
+def worker_parser(role: str) -> argparse.ArgumentParser:
+    """The flags of `python -m draft_service` / `python -m target_service` (launcher.py writes them)."""
     parser = argparse.ArgumentParser(prog=f"python -m {role}_service", description=f"serve a {role} model over gRPC")
     parser.add_argument("--model", required=True, help="preset, HF model id or local directory")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
@@ -430,6 +430,9 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument(
         "--no-pack-weights", action="store_true", help="CPU bfloat16: keep Linear weights as loaded (not prepacked)"
+    )
+    parser.add_argument(
+        "--no-few-query-attention", action="store_true", help="CPU: transformers' SDPA for decode steps too"
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 opens it to the network")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -446,11 +449,21 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     parser.add_argument("--tls-key", metavar="PEM")
     parser.add_argument("--tls-ca", metavar="PEM", help="mutual TLS: answer only the orchestrator's certificate "
                         f"({ORCHESTRATOR_NAME}) signed by this CA")  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser
+
+
+def worker_model(args: argparse.Namespace) -> ModelConfig:
+    return ModelConfig(args.model, args.device, args.dtype, args.trust_remote_code, args.quantization,
+                       few_query_attention=not args.no_few_query_attention,
+                       pack_weights=not args.no_pack_weights)  # fmt: skip
+
+
+def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: list[str] | None = None) -> int:
+    """Entry point of `python -m draft_service` / `python -m target_service`."""
+    args = worker_parser(role).parse_args(argv)
     _configure_logging(verbose=True, log_format=args.log_format)
     try:
-        model = ModelConfig(args.model, args.device, args.dtype, args.trust_remote_code, args.quantization,
-                            pack_weights=not args.no_pack_weights)  # fmt: skip
+        model = worker_model(args)
         tls = None
         if args.tls_cert or args.tls_key or args.tls_ca:
             mutual = args.tls_ca is not None

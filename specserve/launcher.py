@@ -27,6 +27,7 @@ def _worker_command(role: str, model: ModelConfig, port: int) -> list[str]:
     command = [sys.executable, "-m", f"{role}_service", "--model", model.name, "--port", str(port)]
     command += ["--dtype", model.dtype, "--device", model.device, "--quantization", model.quantization]
     command += ["--trust-remote-code"] if model.trust_remote_code else []
+    command += [] if model.few_query_attention else ["--no-few-query-attention"]
     return command + ([] if model.pack_weights else ["--no-pack-weights"])
 
 

@@ -1,0 +1,25 @@
+"""The worker command the launcher writes carries every ModelConfig field the worker's flags can hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.cli import worker_model, worker_parser
+from specserve.launcher import _worker_command
+from specserve.models.loading import ModelConfig
+
+VARIANTS = [
+    ModelConfig("tiny"),
+    ModelConfig("some/model", device="cpu", dtype="bfloat16", trust_remote_code=True, quantization="int4"),
+    ModelConfig("tiny", few_query_attention=False),
+    ModelConfig("tiny", pack_weights=False, few_query_attention=False, quantization="int8"),
+]
+
+
+@pytest.mark.parametrize("model", VARIANTS, ids=range(len(VARIANTS)))
+@pytest.mark.parametrize("role", ["draft", "target"])
+def test_a_launched_worker_loads_the_model_config_it_was_given(role: str, model: ModelConfig) -> None:
+    command = _worker_command(role, model, 50061)
+    assert command[1:3] == ["-m", f"{role}_service"]
+    args = worker_parser(role).parse_args(command[3:])
+    assert worker_model(args) == model and args.port == 50061
