@@ -432,7 +432,8 @@ def worker_parser(role: str) -> argparse.ArgumentParser:
         "--no-pack-weights", action="store_true", help="CPU bfloat16: keep Linear weights as loaded (not prepacked)"
     )
     parser.add_argument(
-        "--no-few-query-attention", action="store_true", help="CPU: transformers' SDPA for decode steps too"
+        "--no-few-query-attention", action="store_true",
+        help="CPU: attention as transformers calls it (no packed query heads)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 opens it to the network")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")

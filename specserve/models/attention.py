@@ -1,15 +1,6 @@
-"""Attention for passes over few positions on the CPU: decode steps, verification windows, draft steps.
-
-The query heads that share a key/value head are packed into the query length (transformers' `pack_gqa`,
-which it applies to batched one-token steps only), so torch's fused attention reads each key/value head
-once. The forms transformers picks otherwise are slow on the CPU for few queries: SDPA with `enable_gqa`
-for a single sequence's step (the 1.5B target's shapes in bfloat16, one query against 300 / 1,000 / 4,000
-cached tokens: 0.54 / 1.7 / 6.6 ms a layer, packed 0.04 / 0.12 / 0.45 ms), and key/value heads copied per
-query head for a window (docs/benchmarks.md, "Few-query attention"). Longer passes (prompt chunks) and GPU
-passes keep transformers' SDPA.
-
-Registered with transformers as the attention implementation ATTENTION, so batched passes through
-transformers and the lean single-sequence pass (models/lean.py) run the same function.
+"""Attention for passes over few positions on the CPU (decode steps, verification windows, draft steps): the
+query heads that share a key/value head packed into the query length, so torch's fused kernel reads each
+key/value head once. Registered with transformers as ATTENTION, so batched passes and the lean pass share it.
 """
 
 from __future__ import annotations
@@ -35,7 +26,12 @@ def few_query_attention(
     scaling: float | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' AttentionInterface: returns ([batch, T, heads, head_dim], None)."""
+    """transformers' AttentionInterface: returns ([batch, T, heads, head_dim], None).
+
+    transformers' own forms are slow here: SDPA with `enable_gqa` for a single sequence's step (the 1.5B
+    target's shapes in bfloat16, one query against 300 / 1,000 / 4,000 cached tokens: 0.54 / 1.7 / 6.6 ms a
+    layer, packed 0.04 / 0.12 / 0.45 ms), key/value heads copied per query head for a window. It packs only
+    batched one-token steps (`pack_gqa`); docs/benchmarks.md, "Few-query attention"."""
     batch, num_heads, num_queries, head_dim = query.shape
     if query.device.type != "cpu" or num_queries > MAX_FEW_QUERIES or dropout > 0.0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)

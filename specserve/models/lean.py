@@ -15,7 +15,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from specserve.models.attention import ATTENTION, few_query_attention
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
-ATTENTION_FUNCTIONS = {"sdpa": sdpa_attention_forward, ATTENTION: few_query_attention}  # transformers' own
+ATTENTION_FUNCTIONS = {"sdpa": sdpa_attention_forward, ATTENTION: few_query_attention}  # what transformers calls
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
