@@ -129,8 +129,8 @@ class DraftSession:
         gave it. Stopping a window on a low one keeps the output exact: the stop depends on draft-side
         randomness only, and the target checks each drafted token as before."""
         if sampling.greedy:
+            logits = logits.float()  # first: argmax over float32 is twice as fast as over bfloat16 (CPU)
             token_id = int(logits.argmax())
-            logits = logits.float()
             confidence = float(torch.exp(logits[token_id] - torch.logsumexp(logits, dim=-1)))
         else:
             support_ids, support_probs = top_support(logits_to_probs(logits[None], sampling)[0])

@@ -33,6 +33,18 @@ def test_greedy_perfect_match(k: int) -> None:
     assert verdict == Verdict(argmax[:k] + [argmax[k]], k), f"all {k} drafts match, expected them + the bonus"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_greedy_takes_the_first_of_tied_half_precision_logits(dtype: torch.dtype) -> None:
+    # greedy_verify compares in float32 (faster on the CPU); the cast is exact, so a tie resolves as
+    # torch's argmax over the model's own dtype does: the first maximal index
+    target_logits = torch.randn(3, 151936, generator=torch.Generator().manual_seed(0)).to(dtype)
+    top = target_logits.max()
+    target_logits[:, [70000, 9, 150000]] = top + 1  # row maxima tied at three indices, not the first
+    verdict = greedy_verify([9, 9], target_logits)
+    assert target_logits.argmax(-1).tolist() == [9, 9, 9]
+    assert verdict == Verdict([9, 9, 9], 2)
+
+
 def test_greedy_early_mismatch() -> None:
     target_logits = distinct_logits(5, 11)  # [k + 1, vocab], k = 4
     argmax = target_logits.argmax(-1).tolist()
