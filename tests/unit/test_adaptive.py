@@ -312,6 +312,19 @@ def test_in_a_batch_target_only_is_measured_first(batch_size: int, first_explore
     assert next(k for k in ks if k != 4) == first_explored
 
 
+def test_in_a_batch_target_only_is_measured_first_also_after_a_few_rounds_without_drafts() -> None:
+    """A few k = 0 rounds (too few to trust: a session whose draft was not ready yet) do not make target-only
+    look measured and send it after the never-measured k - 1: seen on a fresh server at 8 clients, k stepped
+    down 4, 3, 2 before k = 0 was measured, 35 s of a 60 s window at 0.74x target-only."""
+    policy = AdaptiveK(8)
+    for _ in range(3):
+        policy.observe(8, 0, 0, HEAVY[0], now=0.5)
+    assert policy.times[batch_bucket(8), 0].trusted is False
+    ks = _run(policy, HEAVY, batch_size=8, duration_s=120, start=1.0)
+    assert ks[0] == 4
+    assert next(k for k in ks if k != 4) == 0
+
+
 def test_a_choice_that_keeps_losing_is_measured_again_less_and_less_often() -> None:
     """Every exploration costs (at 8 clients, the draft catching up on every session's context on the target's
     cores): one that lost waits twice as long as the last before the next, up to MAX_BACKOFF refresh periods.
