@@ -4,7 +4,9 @@ While the target verifies window n, the draft already drafts window n + 1 as if 
 accepted and the target's bonus token is the draft's own next guess. When that holds (often, at high
 acceptance), the next window is ready the moment the verdict arrives; otherwise the guess is dropped
 (the draft's KV cache is rolled back by the next commit) and the draft proposes afresh. Output is
-unchanged either way: every window is still verified by the target with the exact rule.
+unchanged either way: every window is still verified by the target with the exact rule. On a draft and
+a target that share CPU cores there is nothing to overlap: rounds run in turn instead, and the sessions
+of a target replica draft together and verify together (orchestrator/turns.py).
 
 A replica that fails mid-request costs the request nothing but time: the session moves to another
 replica of the same role, which prefills again from the token history kept here. Without a draft
@@ -14,6 +16,7 @@ replica the request goes on target-only (and takes a draft back when one is free
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -26,6 +29,7 @@ import grpc
 from orchestrator.admission import Admission
 from orchestrator.remote import DraftClient, PassReport, TargetClient
 from orchestrator.replicas import Replica, ReplicaPool
+from orchestrator.turns import Phase
 from specserve.core.adaptive import AdaptiveK
 from specserve.core.loop import Decode, SpeculativeDecoder, StopConditions
 from specserve.core.stats import SpeculationStats
@@ -55,7 +59,7 @@ class RequestPlan:
     vocab_size: int
     pipelined: bool = True
     yield_shared_cores: bool = True
-    """Alone on a draft and a target that share CPU cores: no pre-draft, and the draft takes every core."""
+    """On a draft and a target that share CPU cores: no pre-draft, the draft on every core, turns."""
     failover_timeout_s: float = 120.0
     """How long the request waits for a usable target replica (e.g. while Ray restarts the only one)."""
     adaptive: bool = False
@@ -305,19 +309,23 @@ class RemoteRequest:
         return max(1, self.target.num_sessions if self.target is not None else 1)
 
     def _pipelined(self) -> bool:
-        return self.plan.pipelined and not self._alone_on_shared_cores()
+        return self.plan.pipelined and not self._on_shared_cores()
 
-    def _alone_on_shared_cores(self) -> bool:
-        """The only session (of this orchestrator) on a draft and a target that share CPU cores: then the
-        target waits for each proposal, and the draft may use all the cores meanwhile."""
+    def _on_shared_cores(self) -> bool:
+        """A draft and a target that compute on the same CPU cores: a pre-draft would only slow the
+        verification beside it, so rounds run in turn, and the replica's sessions take turns (Turns)."""
         if not self.plan.yield_shared_cores or self.draft is None or self.target is None:
-            return False
-        if self.draft.num_sessions != 1 or self.target.num_sessions != 1:
             return False
         draft, target = self.draft.info, self.target.info
         if draft is None or target is None or draft.placement is None or target.placement is None:
             return False
         return draft.placement.shares_cores_with(target.placement)
+
+    def _turn(self, phase: Phase) -> contextlib.AbstractAsyncContextManager[None]:
+        """The session's calls of `phase`, in the turns of its target replica's sessions on shared cores."""
+        if self.target is None or not self._on_shared_cores():
+            return contextlib.nullcontext()
+        return self.target.turns().take(phase, self.session_id)
 
     async def _propose(self, k: int) -> Proposal:
         self._reattach_draft()
@@ -325,9 +333,9 @@ class RemoteRequest:
             return Proposal([])
         started = time.perf_counter()
 
-        alone = self._alone_on_shared_cores()
+        shared_cores = self._on_shared_cores()  # then the target waits for the proposals: Turns
         threshold = self.plan.confidence_threshold
-        if alone or not self.plan.pipelined:  # a round run in turn
+        if not self._pipelined():  # a round run in turn
             threshold = max(threshold, self.plan.sequential_confidence_threshold)
 
         async def propose(client: DraftClient) -> tuple[Proposal, float]:
@@ -337,7 +345,7 @@ class RemoteRequest:
                 result = await client.propose(
                     self.session_id, num_kept, new_token_ids, k, self.plan.sampling, self.plan.vocab_size,
                     timeout_s=self.plan.draft_timeout_s, confidence_threshold=threshold,
-                    target_idle=alone,
+                    target_idle=shared_cores,
                 )  # fmt: skip
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -347,7 +355,8 @@ class RemoteRequest:
             return result
 
         try:
-            result = await self._on_draft(propose)
+            async with self._turn(Phase.DRAFT):
+                result = await self._on_draft(propose)
         except _DraftTooSlowError:
             # Slow, not dead: the replica stays in service. This round goes target-only; the late call may
             # still change the draft's session, so the request lets it go and takes a draft back (prefilled
@@ -415,7 +424,8 @@ class RemoteRequest:
 
     async def _verify(self, proposal: Proposal) -> Verdict:
         started = time.perf_counter()
-        verdict, report = await self._on_target(lambda c: c.verify(self.session_id, proposal, self.plan.sampling))
+        async with self._turn(Phase.VERIFY):
+            verdict, report = await self._on_target(lambda c: c.verify(self.session_id, proposal, self.plan.sampling))
         self.decoder.result.stats.transport_s += time.perf_counter() - started - report.compute_s
         return verdict
 

@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.remote import DraftClient, ModelInfo, TargetClient
+from orchestrator.turns import Turns
 from specserve.core.adaptive import AdaptiveK
 from specserve.rpc import PreconditionError
 
@@ -78,6 +79,13 @@ class Replica:
     """A call failed; no new sessions until a health check passes again."""
     speculation: AdaptiveK | None = None
     """The adaptive k its sessions share (made on first use)."""
+    turn_taking: Turns | None = None
+    """Its sessions' draft and verify turns, where they share cores with their drafts (made on first use)."""
+
+    def turns(self) -> Turns:
+        if self.turn_taking is None:
+            self.turn_taking = Turns()
+        return self.turn_taking
 
     def adaptive_k(self, max_k: int) -> AdaptiveK:
         if self.speculation is None or self.speculation.max_k != max_k:

@@ -38,16 +38,17 @@ class OrchestratorConfig:
     """The draft ends a window early after a token it gave less than this probability (0: never; exact
     either way: the target checks each drafted token as before)."""
     sequential_confidence_threshold: float = 0.4
-    """The same, at least, for rounds that run one after the other (unpipelined, or a lone session on
-    shared cores): there each draft step is paid in full, and a token the draft was unsure of is likely
-    rejected. Pre-drafted rounds keep draft_confidence_threshold: a shorter window is less often accepted
-    whole, and the pre-draft continues only whole acceptances. 0.4 is Hugging Face's default."""
+    """The same, at least, for rounds that run one after the other (unpipelined, or on shared cores):
+    there each draft step is paid in full, and a token the draft was unsure of is likely rejected.
+    Pre-drafted rounds keep draft_confidence_threshold: a shorter window is less often accepted whole,
+    and the pre-draft continues only whole acceptances. 0.4 is Hugging Face's default."""
     pipelined: bool = True
     """Pre-draft the next window while the target verifies this one."""
     yield_shared_cores: bool = True
-    """A session alone on a draft and a target that share CPU cores (one machine, no GPU) runs its rounds
-    one after the other instead, the draft on every core (specserve/placement.py). False: pipelined and
-    the draft's share of the cores regardless."""
+    """On a draft and a target that share CPU cores (one machine, no GPU: specserve/placement.py), rounds
+    run one after the other instead, the draft on every core, and the target's sessions take turns:
+    all of them draft, then all verify (orchestrator/turns.py). False: pipelined, the draft on its share
+    of the cores, regardless."""
     host: str = "127.0.0.1"
     """Interface of the public API; 0.0.0.0 opens it to the network."""
     port: int = 50051

@@ -31,8 +31,8 @@ SERVED_MODE_SUFFIXES = {
 
 class ServedStack:
     """Orchestrators over the same two workers: the default (pipelined), unpipelined, pipelined with the
-    draft's early stop at `confidence_threshold` (the load sweep's '+stop' modes), pipelined even for a
-    lone session on shared cores (which the default runs in turn: specserve/placement.py), and the
+    draft's early stop at `confidence_threshold` (the load sweep's '+stop' modes), pipelined even on
+    shared cores (where the default runs rounds in turn: specserve/placement.py), and the
     default without its early stop in rounds run in turn."""
 
     def __init__(

@@ -29,7 +29,7 @@ class SpeculationStats:
     target_s: float = 0.0
     total_s: float = 0.0
     time_to_first_token_s: float = 0.0
-    transport_s: float = 0.0  # served stack: waiting on internal calls beyond the workers' compute
+    transport_s: float = 0.0  # served stack: waiting on internal calls (queues, turns) beyond the workers' compute
     draft_hidden_s: float = 0.0  # draft compute overlapped with verification whose window was used
 
     def observe_prefill(self, num_prompt_tokens: int, seconds: float) -> None:

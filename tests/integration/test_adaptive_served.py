@@ -4,6 +4,7 @@ sent the tokens of the target-only rounds, so its context always matches the req
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -18,10 +19,16 @@ from tests.stack import LocalStack
 
 
 class Recorder(grpc.aio.ServerInterceptor):
-    """Keeps the draft's Prefill and Propose calls, with their answers, in order."""
+    """Keeps a worker's calls of `methods` (by default the draft's Prefill and Propose), with their answers,
+    in order, and when each ran (monotonic start and end)."""
 
-    def __init__(self) -> None:
+    def __init__(self, methods: tuple[str, ...] = ("Prefill", "Propose")) -> None:
+        self.methods = methods
         self.calls: list[tuple[str, Any, Any]] = []
+        self.spans: list[tuple[str, float, float]] = []
+
+    def spans_of(self, method: str) -> list[tuple[float, float]]:
+        return [(start, end) for name, start, end in self.spans if name == method]
 
     async def intercept_service(
         self,
@@ -30,13 +37,15 @@ class Recorder(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
         method = details.method.rsplit("/", 1)[-1]
-        if handler is None or method not in ("Prefill", "Propose"):
+        if handler is None or method not in self.methods:
             return handler
         inner = handler.unary_unary
 
         async def recorded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start = time.monotonic()
             response = await inner(request, context)
             self.calls.append((method, request, response))
+            self.spans.append((method, start, time.monotonic()))
             return response
 
         return grpc.unary_unary_rpc_method_handler(

@@ -1,6 +1,6 @@
-"""A draft and a target on the same CPU cores: a lone session runs its rounds in turn, the draft on every
-core, its windows ending on low confidence; with company the stack pre-drafts again. Every worker in these
-tests shares this machine's cores."""
+"""A draft and a target on the same CPU cores: rounds run in turn (no pre-drafts), the draft on every core,
+its windows ending on low confidence; with company the sessions take turns, drafting together and
+verifying together, never both at once. Every worker in these tests shares this machine's cores."""
 
 from __future__ import annotations
 
@@ -73,21 +73,24 @@ def test_a_lone_session_runs_its_rounds_in_turn_with_the_draft_on_every_core(
     assert set(threads_used) == {usable_cpu_count()}
 
 
-def test_with_company_the_stack_pre_drafts_on_the_draft_s_share(
+def test_with_company_the_sessions_take_turns_drafting_and_verifying_together(
     engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    threads_used, recorder = _record_draft_threads(monkeypatch), Recorder()
-    with _yielding_stack(recorder) as client, concurrent.futures.ThreadPoolExecutor(4) as pool:
+    threads_used, recorder, verifies = _record_draft_threads(monkeypatch), Recorder(), Recorder(("Verify",))
+    stack = LocalStack(orchestrator=YIELD, interceptors={"draft": [recorder], "target": [verifies]})
+    with stack, SpecServeClient(stack.address) as client, concurrent.futures.ThreadPoolExecutor(4) as pool:
         generate = lambda p: client.generate(p, max_tokens=60, num_speculative_tokens=4)  # noqa: E731
         responses = list(pool.map(generate, PROMPTS[:4]))
     for prompt, response in zip(PROMPTS[:4], responses):
         assert list(response.token_ids) == reference(engine, prompt, max_tokens=60)
-    proposes = [call for method, call, _ in recorder.calls if method == "Propose"]
-    # pre-drafts besides the proposals of the rounds that drafted
-    assert len(proposes) > sum(r.stats.proposed_at_position[0] for r in responses)
-    assert any(not call.target_idle for call in proposes)
-    assert any(call.confidence_threshold == 0 for call in proposes)  # pre-drafted rounds: no early stop
-    assert 1 in threads_used  # the draft's own share (one thread: tests/conftest.py) for those
+    proposes = [(call, answer) for method, call, answer in recorder.calls if method == "Propose"]
+    assert len(proposes) == sum(r.stats.proposed_at_position[0] for r in responses)  # no pre-drafts
+    assert all(call.target_idle and call.confidence_threshold == pytest.approx(0.4) for call, _ in proposes)
+    assert set(threads_used) == {usable_cpu_count()}
+    assert max(answer.batch_size for _, answer in proposes) > 1  # the sessions drafted together
+    drafting, verifying = recorder.spans_of("Propose"), verifies.spans_of("Verify")
+    assert drafting and verifying
+    assert not any(d0 < v1 and v0 < d1 for d0, d1 in drafting for v0, v1 in verifying)  # never at once
 
 
 def test_the_draft_takes_every_core_only_for_a_batch_whose_targets_all_wait(tiny_draft: LoadedModel) -> None:

@@ -1,0 +1,85 @@
+"""Draft and verify calls taking turns, for a draft and a target that compute on the same CPU cores.
+
+There a draft pass beside a verification hides nothing: the two share the cores and both slow down
+(docs/benchmarks.md, "Shared cores"). So the rounds of a session run in turn. That alone is not enough
+under load: sessions drift into groups, one drafting while another verifies, and stay that way (each
+pass batches part of the sessions and is as slow as the two passes together). `Turns` makes all the
+sessions of a target replica alternate: a call waits while calls of the other phase are in flight, and
+when a phase's last call returns, the sessions waiting for the other phase go in together, joined by
+those of the phase just ended as they come; each pass then batches them all, on cores of its own.
+Prefills stay outside the turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+from collections.abc import AsyncIterator
+
+
+class Phase(enum.Enum):
+    DRAFT = "draft"
+    VERIFY = "verify"
+
+    @property
+    def other(self) -> Phase:
+        return Phase.VERIFY if self is Phase.DRAFT else Phase.DRAFT
+
+
+class Turns:
+    """Calls of one phase at a time, in turns. A turn is for the sessions waiting for it when it opens and
+    for those of the turn before, which go on with this phase a moment later. Any other session that
+    arrives during a turn of its phase waits for the next one: joined late, it would miss the pass the
+    others' calls already started, and run a pass of its own after it."""
+
+    def __init__(self) -> None:
+        self.phase = Phase.VERIFY
+        self.num_in_flight = 0
+        self._members: set[str] = set()  # the sessions that entered the turn in flight
+        self._invited: set[str] = set()  # the turn before's, welcome in this one
+        self._waiting: dict[Phase, set[str]] = {phase: set() for phase in Phase}
+        self._opened = {phase: asyncio.Event() for phase in Phase}
+
+    @contextlib.asynccontextmanager
+    async def take(self, phase: Phase, session_id: str) -> AsyncIterator[None]:
+        await self._enter(phase, session_id)
+        try:
+            yield
+        finally:
+            self._leave()
+
+    async def _enter(self, phase: Phase, session_id: str) -> None:
+        if self.num_in_flight == 0 or (self.phase is phase and session_id in self._invited):
+            if self.num_in_flight == 0:
+                self.phase, self._members = phase, set()
+            self.num_in_flight += 1
+            self._join(session_id)
+            return
+        opened = self._opened[phase]
+        self._waiting[phase].add(session_id)
+        try:
+            await opened.wait()  # _leave counts this call in when it opens the turn
+        except asyncio.CancelledError:
+            if opened.is_set():  # let in, then cancelled: leave like a call that ran
+                self._leave()
+            else:
+                self._waiting[phase].discard(session_id)
+            raise
+        self._join(session_id)
+
+    def _join(self, session_id: str) -> None:
+        self._members.add(session_id)
+        self._invited.discard(session_id)
+
+    def _leave(self) -> None:
+        self.num_in_flight -= 1
+        if self.num_in_flight:
+            return
+        self._invited, self._members = self._members, set()
+        for phase in (self.phase.other, self.phase):
+            if waiting := self._waiting[phase]:
+                self.phase, self.num_in_flight, self._waiting[phase] = phase, len(waiting), set()
+                self._opened[phase].set()
+                self._opened[phase] = asyncio.Event()
+                return
