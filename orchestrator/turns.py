@@ -51,9 +51,7 @@ class Turns:
 
     async def _enter(self, phase: Phase, session_id: str) -> None:
         if self.num_in_flight == 0 or (self.phase is phase and session_id in self._invited):
-            if self.num_in_flight == 0:
-                self.phase, self._members = phase, set()
-            self.num_in_flight += 1
+            self.phase, self.num_in_flight = phase, self.num_in_flight + 1
             self._join(session_id)
             return
         opened = self._opened[phase]
