@@ -113,9 +113,9 @@ class DraftSession:
         self._support_rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token ids, probs) per draft
         self.confidence_threshold = 0.0  # for propose(); the service passes one per call instead
 
-    def prefill(self, max_tokens: int | None = None) -> bool:
-        """Cache all prompt tokens but the last, which the first propose() feeds; True once done."""
-        return self.sequence.prefill(max_tokens)
+    def prefill(self, max_tokens: int | None = None, num_left: int = 1) -> bool:
+        """Cache all prompt tokens but the last `num_left`, which the first propose() feeds; True once done."""
+        return self.sequence.prefill(max_tokens, num_left)
 
     def propose(self, k: int, sampling: SamplingParams) -> Proposal:
         start = len(self.sequence.token_ids)

@@ -121,6 +121,7 @@ class RemoteRequest:
         self.draft: Replica | None = None
         self._target_ready = self._draft_ready = False  # whether the replica holds this session
         self._num_prefills = 0
+        self._first_token_id: int | None = None
         self._draft_lost_at = 0.0
         self._draft_length = 0  # context tokens the draft knows (its last proposal included)
         # leading context tokens the draft holds that match the request's: its next propose keeps those and
@@ -135,7 +136,8 @@ class RemoteRequest:
     async def stream(self) -> AsyncIterator[Chunk]:
         admitted = await self.admission.acquire() if self.admission is not None else None  # may refuse
         try:
-            await self._prefill()
+            if first := await self._prefill():
+                yield Chunk(first, self.decoder.text_delta(), self.decoder)
             async for emitted in self._rounds():
                 yield Chunk(emitted, self.decoder.text_delta(), self.decoder)
             yield Chunk([], self.decoder.text_delta(), self.decoder)
@@ -149,15 +151,18 @@ class RemoteRequest:
                 if self.admission is not None and admitted is not None:
                     self.admission.release(admitted)
 
-    async def _prefill(self) -> None:
+    async def _prefill(self) -> list[int]:
+        """Prefill the target and the draft; returns what the first output token emits (chosen in the target's
+        prefill, so that it reaches the client without waiting for a round)."""
         self.target = await self.target_pool.acquire(self.plan.failover_timeout_s)
         if self.target is None:
             raise UnavailableError(f"no target replica is serving (waited {self.plan.failover_timeout_s:.0f}s)")
+        first_token = self.decoder.next_k() is not None  # the request has room for a token
         if self.draft_pool is None:
-            await self._on_target(_nothing)
+            await self._on_target(_nothing, first_token)
         else:  # both prefills at once: with long prompts this is most of the time to first token
             self.draft = self.draft_pool.try_acquire()
-            prefills = [self._on_target(_nothing)]
+            prefills = [self._on_target(_nothing, first_token)]
             if (policy := self._adaptive_k()) is None or policy.k > 0:
                 # with adaptive speculation off at this replica, the draft's prefill would only take hardware
                 # from the target's passes; the first round that drafts catches the draft up instead
@@ -167,6 +172,9 @@ class RemoteRequest:
                 if isinstance(result, BaseException):
                     raise result
         self.decoder.result.stats.observe_prefill(len(self.plan.prompt_token_ids), time.perf_counter() - self.started)
+        if self._first_token_id is None:
+            return []
+        return self.decoder.apply_first(self._first_token_id)
 
     def _seed(self) -> int | None:
         """The request's seed for its first prefill; a fresh one derived from it for every later prefill,
@@ -176,9 +184,10 @@ class RemoteRequest:
             return seed
         return (seed * 1_000_003 + self._num_prefills) % (1 << 62)
 
-    async def _on_target(self, call: Callable[[TargetClient], Awaitable[T]]) -> T:
+    async def _on_target(self, call: Callable[[TargetClient], Awaitable[T]], first_token: bool = False) -> T:
         """`call` on the session's target replica, recovering the session first when that replica evicted it
-        (prefill again) or failed (move to another replica, prefill there)."""
+        (prefill again) or failed (move to another replica, prefill there). `first_token`: the first prefill,
+        which also chooses the first output token (into _first_token_id)."""
         error: grpc.aio.AioRpcError | None = None
         for _ in range(MAX_CALL_ATTEMPTS):
             assert self.target is not None
@@ -186,7 +195,8 @@ class RemoteRequest:
             assert isinstance(client, TargetClient)
             try:
                 if not self._target_ready:
-                    await client.prefill(self.session_id, self.context, self._seed())
+                    sampling = self.plan.sampling if first_token else None
+                    self._first_token_id = await client.prefill(self.session_id, self.context, self._seed(), sampling)
                     self._target_ready = True
                 return await call(client)
             except grpc.aio.AioRpcError as e:
@@ -321,11 +331,11 @@ class RemoteRequest:
             return False
         return draft.placement.shares_cores_with(target.placement)
 
-    def _turn(self, phase: Phase) -> contextlib.AbstractAsyncContextManager[None]:
+    def _turn(self, phase: Phase, late_ok: bool = False) -> contextlib.AbstractAsyncContextManager[None]:
         """The session's calls of `phase`, in the turns of its target replica's sessions on shared cores."""
         if self.target is None or not self._on_shared_cores():
             return contextlib.nullcontext()
-        return self.target.turns().take(phase, self.session_id)
+        return self.target.turns().take(phase, self.session_id, late_ok)
 
     async def _propose(self, k: int) -> Proposal:
         self._reattach_draft()
@@ -424,7 +434,7 @@ class RemoteRequest:
 
     async def _verify(self, proposal: Proposal) -> Verdict:
         started = time.perf_counter()
-        async with self._turn(Phase.VERIFY):
+        async with self._turn(Phase.VERIFY, late_ok=not proposal.token_ids):
             verdict, report = await self._on_target(lambda c: c.verify(self.session_id, proposal, self.plan.sampling))
         self.decoder.result.stats.transport_s += time.perf_counter() - started - report.compute_s
         return verdict

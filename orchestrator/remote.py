@@ -60,9 +60,15 @@ class _WorkerClient:
     async def model_info(self) -> ModelInfo:
         return _model_info(await self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.deadlines.control_s))
 
-    async def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None) -> None:
+    async def prefill(
+        self, session_id: str, prompt_token_ids: list[int], seed: int | None, first_token: SamplingParams | None = None
+    ) -> int | None:
+        """With `first_token` (a target only), the first output token, chosen in the prefill's last pass."""
         request = pb.PrefillRequest(session_id=session_id, prompt_token_ids=prompt_token_ids, seed=seed)
-        await self.stub.Prefill(request, timeout=self.deadlines.prefill_s)
+        if first_token is not None:
+            request.first_token.CopyFrom(convert.sampling_to_proto(first_token))
+        response = await self.stub.Prefill(request, timeout=self.deadlines.prefill_s)
+        return response.first_token_id if response.HasField("first_token_id") else None
 
     async def release(self, session_id: str) -> None:
         await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=self.deadlines.control_s)

@@ -7,7 +7,9 @@ pass batches part of the sessions and is as slow as the two passes together). `T
 sessions of a target replica alternate: a call waits while calls of the other phase are in flight, and
 when a phase's last call returns, the sessions waiting for the other phase go in together, joined by
 those of the phase just ended as they come; each pass then batches them all, on cores of its own.
-Prefills stay outside the turns.
+Prefills stay outside the turns. A round without drafts (k = 0) has nothing to alternate with: its
+verification joins a verify turn under way unless a session waits to draft, so that sessions all at
+k = 0 batch exactly as target-only ones do.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ class Turns:
     """Calls of one phase at a time, in turns. A turn is for the sessions waiting for it when it opens and
     for those of the turn before, which go on with this phase a moment later. Any other session that
     arrives during a turn of its phase waits for the next one: joined late, it would miss the pass the
-    others' calls already started, and run a pass of its own after it."""
+    others' calls already started, and run a pass of its own after it. Except a call that may join late
+    (`late_ok`: a verification without drafts) while no session waits for the other phase: its pass
+    then holds up nobody."""
 
     def __init__(self) -> None:
         self.phase = Phase.VERIFY
@@ -42,15 +46,16 @@ class Turns:
         self._opened = {phase: asyncio.Event() for phase in Phase}
 
     @contextlib.asynccontextmanager
-    async def take(self, phase: Phase, session_id: str) -> AsyncIterator[None]:
-        await self._enter(phase, session_id)
+    async def take(self, phase: Phase, session_id: str, late_ok: bool = False) -> AsyncIterator[None]:
+        await self._enter(phase, session_id, late_ok)
         try:
             yield
         finally:
             self._leave()
 
-    async def _enter(self, phase: Phase, session_id: str) -> None:
-        if self.num_in_flight == 0 or (self.phase is phase and session_id in self._invited):
+    async def _enter(self, phase: Phase, session_id: str, late_ok: bool) -> None:
+        welcome = session_id in self._invited or (late_ok and not self._waiting[phase.other])
+        if self.num_in_flight == 0 or (self.phase is phase and welcome):
             self.phase, self.num_in_flight = phase, self.num_in_flight + 1
             self._join(session_id)
             return

@@ -8,6 +8,7 @@ import grpc
 
 from protos import convert
 from protos import specserve_pb2 as pb
+from specserve.core.types import Proposal
 from specserve.models.tokenizers import TokenizerSpec
 from specserve.placement import Placement, this_process
 from specserve.rpc import WorkerServicer, unary_errors
@@ -18,6 +19,7 @@ class SessionServicer(WorkerServicer):
 
     fingerprint = ""
     placement: Placement
+    chooses_first_token = False  # whether Prefill may score the prompt's last token (a target's sessions)
 
     def __init__(self, max_batch_size: int = 16, prefill_chunk_tokens: int = 256) -> None:
         super().__init__()
@@ -43,11 +45,21 @@ class SessionServicer(WorkerServicer):
         Verify passes run in between (a 4k-token prompt in one pass stalled another stream for 58 s here). A caller
         that leaves stops it after the current chunk, and the session is only stored once complete."""
         seed = request.seed if request.HasField("seed") else None
-        session = self.worker.open_session(list(request.prompt_token_ids), seed)
-        while not await self.executor.run(session.prefill, self.prefill_chunk_tokens):
+        prompt_token_ids = list(request.prompt_token_ids)
+        session = self.worker.open_session(prompt_token_ids, seed)
+        first_token = convert.sampling_from_proto(request.first_token) if request.HasField("first_token") else None
+        if first_token is not None and not self.chooses_first_token:
+            raise ValueError("first_token: only a target service chooses a first output token")
+        # choosing the first token, the last chunk is left to the pass that scores the last prompt token
+        num_left = 1 if first_token is None else (len(prompt_token_ids) - 1) % self.prefill_chunk_tokens + 1
+        while not await self.executor.run(session.prefill, self.prefill_chunk_tokens, num_left):
             pass
+        response = pb.PrefillResponse()
+        if first_token is not None:
+            verdict = await self.executor.run(session.verify, Proposal([]), first_token)
+            response.first_token_id = verdict.token_ids[0]
         self.worker.sessions.put(request.session_id, session)
-        return pb.PrefillResponse()
+        return response
 
     @unary_errors
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:

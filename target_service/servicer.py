@@ -15,6 +15,7 @@ from target_service.worker import TargetWorker, VerifyCall
 
 class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
     executor_name = "target-model"
+    chooses_first_token = True
     worker: TargetWorker
     queue: BatchQueue[VerifyCall, Verdict]
 

@@ -85,8 +85,8 @@ class TargetSession:
         self.sequence = CachedSequence(loaded.model, prompt_token_ids, loaded.decoder)
         self.generator = make_generator(seed, TARGET_STREAM)
 
-    def prefill(self, max_tokens: int | None = None) -> bool:
-        return self.sequence.prefill(max_tokens)
+    def prefill(self, max_tokens: int | None = None, num_left: int = 1) -> bool:
+        return self.sequence.prefill(max_tokens, num_left)
 
     def verify(self, proposal: Proposal, sampling: SamplingParams) -> Verdict:
         num_context = self.begin(proposal)

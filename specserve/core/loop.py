@@ -101,11 +101,17 @@ class SpeculativeDecoder:
 
     def apply(self, proposal: Proposal, verdict: Verdict, draft_s: float, target_s: float) -> list[int]:
         """Record one verified round; return the tokens it emits after EOS, length and stop-string trims."""
-        stats = self.result.stats
-        stats.observe_round(len(proposal.token_ids), verdict.num_accepted, draft_s, target_s)
-        self.context_length += len(verdict.token_ids)
-        emitted = self._emit(verdict.token_ids)
-        stats.observe_emitted(len(emitted), time.perf_counter() - self.started_at)
+        self.result.stats.observe_round(len(proposal.token_ids), verdict.num_accepted, draft_s, target_s)
+        return self._append(verdict.token_ids)
+
+    def apply_first(self, token_id: int) -> list[int]:
+        """Record the first output token, chosen by the target's prefill (no round); return what it emits."""
+        return self._append([token_id])
+
+    def _append(self, token_ids: list[int]) -> list[int]:
+        self.context_length += len(token_ids)
+        emitted = self._emit(token_ids)
+        self.result.stats.observe_emitted(len(emitted), time.perf_counter() - self.started_at)
         return emitted
 
     def text_delta(self) -> str:

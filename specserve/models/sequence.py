@@ -38,15 +38,15 @@ class CachedSequence:
     def num_pending(self) -> int:
         return len(self.token_ids) - self.num_cached
 
-    def prefill(self, max_tokens: int | None = None) -> bool:
-        """Cache the prompt but its last token (the first round feeds that one), at most `max_tokens` per
-        call; True once done. In chunks, a long prompt lets other sessions' passes run in between."""
-        end = len(self.token_ids) - 1
+    def prefill(self, max_tokens: int | None = None, num_left: int = 1) -> bool:
+        """Cache the prompt but its last `num_left` tokens (the first round feeds those), at most `max_tokens`
+        per call; True once done. In chunks, a long prompt lets other sessions' passes run in between."""
+        end = len(self.token_ids) - num_left
         if max_tokens is not None:
             end = min(end, self.num_cached + max_tokens)
         if end > self.num_cached:
             self.feed(1, upto=end)
-        return self.num_cached >= len(self.token_ids) - 1
+        return self.num_cached >= len(self.token_ids) - num_left
 
     @torch.inference_mode()
     def feed(self, num_logits: int, upto: int | None = None) -> torch.Tensor:

@@ -129,7 +129,8 @@ def test_the_draft_is_prefilled_only_once_a_round_drafts(
         return
     method, first, _ = recorder.calls[0]
     assert method == "Prefill"
-    assert len(first.prompt_token_ids) == len(prompt_ids) + 3  # the prompt and the three target-only tokens
+    # the prompt, the first token (chosen in the target's prefill) and the three tokens of target-only rounds
+    assert len(first.prompt_token_ids) == len(prompt_ids) + 1 + 3
     assert list(first.prompt_token_ids) == (prompt_ids + reference)[: len(first.prompt_token_ids)]
     assert [method for method, _, _ in recorder.calls].count("Prefill") == 1
     assert any(method == "Propose" and answer.token_ids for method, _, answer in recorder.calls)

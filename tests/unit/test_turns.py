@@ -135,3 +135,39 @@ def test_a_cancelled_call_gives_its_turn_back() -> None:
         await asyncio.wait_for(waiter("c"), 1)
 
     asyncio.run(scenario())
+
+
+def test_a_round_without_drafts_joins_a_verify_turn_unless_a_session_waits_to_draft() -> None:
+    """Sessions all at k = 0 batch as target-only ones do; one waiting to draft is not held up by them."""
+
+    async def scenario() -> None:
+        turns = Turns()
+        holder_in, release = asyncio.Event(), asyncio.Event()
+
+        async def holder() -> None:
+            async with turns.take(Phase.VERIFY, "a"):
+                holder_in.set()
+                await release.wait()
+
+        held = asyncio.ensure_future(holder())
+        await holder_in.wait()
+        joining = turns.take(Phase.VERIFY, "b", late_ok=True)
+        with pytest.raises(StopIteration):
+            joining.__aenter__().send(None)  # in at once, beside a's verification
+        assert turns.num_in_flight == 2
+        await joining.__aexit__(None, None, None)
+
+        drafter = asyncio.ensure_future(_one_call(turns, Phase.DRAFT, "c"))
+        late = asyncio.ensure_future(_one_call(turns, Phase.VERIFY, "d", late_ok=True))
+        await asyncio.sleep(0.01)
+        assert not drafter.done() and not late.done()  # d waits: c is waiting to draft
+        release.set()
+        await asyncio.wait_for(asyncio.gather(held, drafter, late), 1)
+        assert turns.num_in_flight == 0
+
+    asyncio.run(scenario())
+
+
+async def _one_call(turns: Turns, phase: Phase, session_id: str, late_ok: bool = False) -> None:
+    async with turns.take(phase, session_id, late_ok):
+        await asyncio.sleep(0.001)
