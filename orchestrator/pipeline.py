@@ -196,7 +196,8 @@ class RemoteRequest:
             try:
                 if not self._target_ready:
                     sampling = self.plan.sampling if first_token else None
-                    self._first_token_id = await client.prefill(self.session_id, self.context, self._seed(), sampling)
+                    with self.target.prefilling():
+                        self._first_token_id = await client.prefill(self.session_id, self.context, self._seed(), sampling)
                     self._target_ready = True
                 return await call(client)
             except grpc.aio.AioRpcError as e:
@@ -238,7 +239,8 @@ class RemoteRequest:
             try:
                 if not self._draft_ready:
                     context = self.context
-                    await client.prefill(self.session_id, context, self._seed())
+                    with self.target.prefilling() if self.target is not None else contextlib.nullcontext():
+                        await client.prefill(self.session_id, context, self._seed())
                     self._draft_ready, self._draft_length, self._draft_valid = True, len(context), len(context)
                 return await call(client)
             except grpc.aio.AioRpcError as e:
@@ -280,7 +282,7 @@ class RemoteRequest:
     async def _rounds(self) -> AsyncIterator[list[int]]:
         decoder = self.decoder
         ready: Proposal | None = None  # a pre-drafted window that turned out right
-        round_ended = time.perf_counter()
+        round_ended, prefill_mark = time.perf_counter(), self._prefill_mark()
         while (k := self._next_k()) is not None:
             t0 = time.perf_counter()
             proposal = ready if ready is not None else await self._propose(k)
@@ -294,11 +296,12 @@ class RemoteRequest:
             if ready is None and proposal.token_ids:  # the draft held the context; its accepted drafts match
                 self._draft_valid = context_length + verdict.num_accepted
             if (policy := self._adaptive_k()) is not None:  # the whole round, waits and overlap included
-                now = time.perf_counter()
+                now, mark = time.perf_counter(), self._prefill_mark()
                 policy.observe(
-                    self._batch_size(), len(proposal.token_ids), verdict.num_accepted, now - round_ended, now
-                )
-                round_ended = now
+                    self._batch_size(), len(proposal.token_ids), verdict.num_accepted, now - round_ended, now,
+                    beside_prefill=prefill_mark is None or mark != prefill_mark,
+                )  # fmt: skip
+                round_ended, prefill_mark = now, mark
             emitted = decoder.apply(proposal, verdict, t1 - t0, t2 - t1)
             if emitted:
                 yield emitted
@@ -314,6 +317,9 @@ class RemoteRequest:
         if self.plan.adaptive and self.target is not None and self.plan.k > 0:
             return self.target.adaptive_k(self.plan.k)
         return None
+
+    def _prefill_mark(self) -> int | None:
+        return self.target.prefill_mark() if self.target is not None else None
 
     def _batch_size(self) -> int:
         return max(1, self.target.num_sessions if self.target is not None else 1)

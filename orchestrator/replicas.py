@@ -5,8 +5,9 @@ KV cache lives there) until that replica fails; then the request moves to anothe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -81,6 +82,22 @@ class Replica:
     """The adaptive k its sessions share (made on first use)."""
     turn_taking: Turns | None = None
     """Its sessions' draft and verify turns, where they share cores with their drafts (made on first use)."""
+    num_prefilling: int = 0
+    prefills_started: int = 0
+    """Prefills of its sessions this orchestrator sent (to it, or to their drafts: a draft catching up on a
+    context): in flight, and ever. A round that saw either change ran beside one (AdaptiveK.observe)."""
+
+    @contextlib.contextmanager
+    def prefilling(self) -> Iterator[None]:
+        self.num_prefilling, self.prefills_started = self.num_prefilling + 1, self.prefills_started + 1
+        try:
+            yield
+        finally:
+            self.num_prefilling -= 1
+
+    def prefill_mark(self) -> int | None:
+        """A mark that stays the same while no prefill of its sessions runs: None while one does."""
+        return None if self.num_prefilling else self.prefills_started
 
     def turns(self) -> Turns:
         if self.turn_taking is None:
