@@ -197,7 +197,8 @@ class RemoteRequest:
                 if not self._target_ready:
                     sampling = self.plan.sampling if first_token else None
                     with self.target.prefilling():
-                        self._first_token_id = await client.prefill(self.session_id, self.context, self._seed(), sampling)
+                        first = await client.prefill(self.session_id, self.context, self._seed(), sampling)
+                    self._first_token_id = first
                     self._target_ready = True
                 return await call(client)
             except grpc.aio.AioRpcError as e:
