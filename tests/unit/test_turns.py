@@ -107,16 +107,11 @@ def test_a_cancelled_call_gives_its_turn_back() -> None:
         turns = Turns()
         holder_in, release = asyncio.Event(), asyncio.Event()
 
-        async def holder() -> None:
-            async with turns.take(Phase.VERIFY, "a"):
-                holder_in.set()
-                await release.wait()
-
         async def waiter(session_id: str) -> None:
             async with turns.take(Phase.DRAFT, session_id):
                 await asyncio.sleep(0)
 
-        held = asyncio.ensure_future(holder())
+        held = asyncio.ensure_future(_hold(turns, Phase.VERIFY, "a", holder_in, release))
         await holder_in.wait()
         gone, stays = asyncio.ensure_future(waiter("b")), asyncio.ensure_future(waiter("c"))
         await asyncio.sleep(0.01)
@@ -144,12 +139,7 @@ def test_a_round_without_drafts_joins_a_verify_turn_unless_a_session_waits_to_dr
         turns = Turns()
         holder_in, release = asyncio.Event(), asyncio.Event()
 
-        async def holder() -> None:
-            async with turns.take(Phase.VERIFY, "a"):
-                holder_in.set()
-                await release.wait()
-
-        held = asyncio.ensure_future(holder())
+        held = asyncio.ensure_future(_hold(turns, Phase.VERIFY, "a", holder_in, release))
         await holder_in.wait()
         joining = turns.take(Phase.VERIFY, "b", late_ok=True)
         with pytest.raises(StopIteration):
@@ -171,3 +161,10 @@ def test_a_round_without_drafts_joins_a_verify_turn_unless_a_session_waits_to_dr
 async def _one_call(turns: Turns, phase: Phase, session_id: str, late_ok: bool = False) -> None:
     async with turns.take(phase, session_id, late_ok):
         await asyncio.sleep(0.001)
+
+
+async def _hold(turns: Turns, phase: Phase, session_id: str, entered: asyncio.Event, release: asyncio.Event) -> None:
+    """A call of `phase` that stays in flight until `release` is set."""
+    async with turns.take(phase, session_id):
+        entered.set()
+        await release.wait()
