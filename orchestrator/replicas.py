@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -83,21 +84,29 @@ class Replica:
     turn_taking: Turns | None = None
     """Its sessions' draft and verify turns, where they share cores with their drafts (made on first use)."""
     num_prefilling: int = 0
-    prefills_started: int = 0
-    """Prefills of its sessions this orchestrator sent (to it, or to their drafts: a draft catching up on a
-    context): in flight, and ever. A round that saw either change ran beside one (AdaptiveK.observe)."""
+    """Prefills this orchestrator sent to it and that are in flight. Not a draft's: on separate hardware one
+    holds only its own session, and on the target's cores it runs in a draft turn, so the rounds at k > 0
+    pay for it (not target-only's, as a prefill's stall priced at every k would)."""
+    _prefilled_s: float = 0.0
+    _prefilling_since: float = 0.0
 
     @contextlib.contextmanager
     def prefilling(self) -> Iterator[None]:
-        self.num_prefilling, self.prefills_started = self.num_prefilling + 1, self.prefills_started + 1
+        if not self.num_prefilling:
+            self._prefilling_since = time.perf_counter()
+        self.num_prefilling += 1
         try:
             yield
         finally:
             self.num_prefilling -= 1
+            if not self.num_prefilling:
+                self._prefilled_s += time.perf_counter() - self._prefilling_since
 
-    def prefill_mark(self) -> int | None:
-        """A mark that stays the same while no prefill of its sessions runs: None while one does."""
-        return None if self.num_prefilling else self.prefills_started
+    def prefill_clock(self) -> float:
+        """Seconds during which a prefill on it ran, so far: what it advanced by during a round is how long
+        the round stood beside one (AdaptiveK.observe)."""
+        running = time.perf_counter() - self._prefilling_since if self.num_prefilling else 0.0
+        return self._prefilled_s + running
 
     def turns(self) -> Turns:
         if self.turn_taking is None:

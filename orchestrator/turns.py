@@ -7,9 +7,10 @@ pass batches part of the sessions and is as slow as the two passes together). `T
 sessions of a target replica alternate: a call waits while calls of the other phase are in flight, and
 when a phase's last call returns, the sessions waiting for the other phase go in together, joined by
 those of the phase just ended as they come; each pass then batches them all, on cores of its own.
-Prefills stay outside the turns. A round without drafts (k = 0) has nothing to alternate with: its
-verification joins a verify turn under way unless a session waits to draft, so that sessions all at
-k = 0 batch exactly as target-only ones do.
+A round without drafts (k = 0) has nothing to alternate with: its verification joins a verify turn under
+way unless a session waits to draft, so that sessions all at k = 0 batch exactly as target-only ones do.
+A request's first prefill on the target takes a verify turn the same way; a draft's prefill runs in the
+session's first draft turn.
 """
 
 from __future__ import annotations

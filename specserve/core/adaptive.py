@@ -26,16 +26,19 @@ ROUNDS_KEPT = 8  # round times: about the last eight rounds of the batch count
 ROUNDS_TRUSTED = 3  # ...and a figure is trusted after three...
 MIN_TRUSTED = 8  # ...and at least eight session rounds: at one client a round is a pre-draft hit or a miss
 # (0.35 or 0.53 s at k = 4), and three left a standard error of about 13%, more than k = 3..6 differ by
-STALL = 2.0  # a round this many times the median stalled (another request's prefill held the model)
+STALL = 2.0  # a round this many times the median stalled (held by something the prefill clock missed)
+STALL_MEMORY_S = 120.0  # prefill stalls: about the last two minutes count (a prefill every few seconds)
+STALL_TRUSTED_TOKENS = 64  # ...and a figure needs this many session tokens behind it
 MAX_BACKOFF = 16  # a choice that keeps losing is measured again at most this many refresh periods apart
 
 
 @dataclass(slots=True)
 class RoundTime:
-    """A session's round seconds at one (batch size, k): the mean of the recent rounds of every session of
-    the batch, leaving out stalls. A new request's prefill holds the target (and the draft) for a second
-    or more whatever k is, and with a few rounds per figure one stall more or less swung the comparison
-    between two k by 50% (measured at 8 clients: k flipping every few seconds)."""
+    """A session's round seconds at one (batch size, k), prefills' stalls taken out: the mean of the recent
+    rounds of every session of the batch. A new request's prefill holds the target (and the draft) for a
+    second or more whatever k is, and with a few rounds per figure one stall more or less swung the
+    comparison between two k by 50% (measured at 8 clients: k flipping every few seconds); PrefillStall
+    prices prefills over minutes instead."""
 
     batch_size: int
     recent: deque[float] = field(init=False)
@@ -62,6 +65,29 @@ class RoundTime:
         return self._seconds
 
 
+@dataclass(slots=True)
+class PrefillStall:
+    """Seconds other sessions' prefills held a session, per token it emitted and per other session of the
+    batch: about a prefill's seconds over a request's tokens, the same at every batch size and every k > 0
+    (while speculating, a draft prefills beside the target, on shared cores slowing it). Decayed over
+    minutes: at 16 clients a prefill comes every few seconds, and a figure of a few rounds caught one or
+    none."""
+
+    seconds: float = 0.0
+    tokens: float = 0.0
+    updated_at: float = -math.inf
+
+    def observe(self, seconds: float, tokens: int, now: float) -> None:
+        decay = math.exp(-max(0.0, now - self.updated_at) / STALL_MEMORY_S) if self.tokens else 0.0
+        self.seconds, self.tokens = decay * self.seconds + seconds, decay * self.tokens + tokens
+        self.updated_at = max(self.updated_at, now)
+
+    @property
+    def per_token(self) -> float | None:
+        """Seconds per emitted token and other session; None until enough tokens were seen."""
+        return self.seconds / self.tokens if self.tokens >= STALL_TRUSTED_TOKENS else None
+
+
 def trusted_after(batch_size: int) -> int:
     """Session rounds a round-time figure needs to be trusted."""
     return max(MIN_TRUSTED, ROUNDS_TRUSTED * batch_size)
@@ -84,6 +110,11 @@ def _rate_text(rate: float | None) -> str:
 def batch_bucket(batch_size: int) -> int:
     """Half-octave buckets (1, 2, 3, 4, 5-6, 7-9, 10-13, 14-19, ...): nearby batch sizes cost about the same."""
     return round(2 * math.log2(max(1, batch_size)))
+
+
+def bucket_batch_size(bucket: int) -> int:
+    """A batch size of the bucket (the one at its middle: 8 for 7-9)."""
+    return max(1, round(2 ** (bucket / 2)))
 
 
 @dataclass(slots=True)
@@ -154,6 +185,8 @@ class AdaptiveK:
     prior_acceptance: float = 0.7
     prior_weight: float = 2.0
     times: dict[tuple[int, int], RoundTime] = field(default_factory=dict)
+    stalls: dict[tuple[int, bool], PrefillStall] = field(default_factory=dict)
+    """(bucket, speculating): what other sessions' prefills cost a session's rounds there (PrefillStall)."""
     accepted_at: list[float] = field(default_factory=list)
     """[i]: drafts at window position i accepted (decayed), among examined_at[i] the target examined."""
     examined_at: list[float] = field(default_factory=list)
@@ -209,15 +242,16 @@ class AdaptiveK:
         return tokens_per_round(self.acceptances(k))
 
     def observe(
-        self, batch_size: int, k: int, num_accepted: int, seconds: float, now: float, beside_prefill: bool = False
+        self, batch_size: int, k: int, num_accepted: int, seconds: float, now: float, stalled_s: float = 0.0
     ) -> None:
         """One session's round: `k` drafts, `num_accepted` of them accepted, `seconds` since its previous
-        round ended (waits and overlap included). `beside_prefill`: a prefill of a session of the replica ran
-        meanwhile (a new request's, or a draft catching up on a context). Such a round's time is left out at
-        every k alike: the median rule below caught a prefill's 0.4 s in a 0.2 s target-only round but not in
-        a 1 s round at k = 4, and the drafts' catch-up after leaving target-only slowed the first rounds of
-        the k explored; together they made speculation look slower than target-only at 8 clients (k = 0
-        chosen where k = 4 gave 1.11x)."""
+        round ended (waits and overlap included), `stalled_s` of them while a prefill ran on the target replica
+        (a new request's, or a session's rebuilt). The round's time counts without its stall, and the stall
+        goes to PrefillStall, priced at every k alike: the median rule caught a
+        prefill's 0.4 s in a 0.2 s target-only round but not in a 1 s round at k = 4 (k = 0 chosen at 8
+        clients where k = 4 gave 1.11x), and leaving out the rounds beside a prefill kept the long rounds
+        that were lucky (at 16 clients most ran beside one: k = 8 looked 25% faster than k = 0 and served
+        0.97x)."""
         if k > 0:
             grow = k - len(self.examined_at)
             self.examined_at.extend([0.0] * grow)
@@ -231,14 +265,18 @@ class AdaptiveK:
         self._last_round_s = seconds
         if self._exploration is not None:
             self._exploration.observe(num_accepted + 1, seconds)
-        if beside_prefill:
-            return
         if now - seconds < self._settled_at:
             # Started while other sessions still ran the previous k: in one batched pass their tokens set
-            # the cost, so a deeper window would look nearly free (measured: k climbing to 8 at 16 clients).
+            # the cost, so a deeper window would look nearly free (measured: k climbing to 8 at 16 clients);
+            # and after leaving target-only, drafts catching up stall these rounds (the exploration's cost).
             return
-        key = (batch_bucket(batch_size), min(k, self.max_k))
-        self.times.setdefault(key, RoundTime(batch_size)).observe(seconds, now)
+        bucket, stalled_s = batch_bucket(batch_size), min(max(stalled_s, 0.0), seconds)
+        if batch_size > 1:
+            self.stalls.setdefault((bucket, k > 0), PrefillStall()).observe(
+                stalled_s / (batch_size - 1), num_accepted + 1, now
+            )
+        key = (bucket, min(k, self.max_k))
+        self.times.setdefault(key, RoundTime(batch_size)).observe(seconds - stalled_s, now)
         if k == self._k:
             self._fresh += 1
 
@@ -279,7 +317,21 @@ class AdaptiveK:
         if seconds is None:
             others = sorted((b for b, kk in self.times if kk == k and b != bucket), key=lambda b: abs(b - bucket))
             seconds = next((s for b in others if (s := self._borrowed(bucket, b, k)) is not None), None)
-        return None if seconds is None else self.expected_tokens(k) / max(seconds, 1e-9)
+        return None if seconds is None else self._rate(bucket, k, seconds)
+
+    def _rate(self, bucket: int, k: int, seconds: float) -> float:
+        """Tokens per second per session at k from a round's seconds without stalls, other sessions'
+        prefills priced in: per emitted token, PrefillStall's figure for each other session of the batch."""
+        tokens = self.expected_tokens(k)
+        stalled_s = tokens * self.stall_per_token(bucket, k > 0) * (bucket_batch_size(bucket) - 1)
+        return tokens / max(seconds + stalled_s, 1e-9)
+
+    def stall_per_token(self, bucket: int, speculating: bool) -> float:
+        """PrefillStall's figure at the nearest bucket measured with or (else) without speculating, as asked;
+        0 where none is trusted (at one client a session's rounds run beside no other session's prefill)."""
+        figures = {key: figure for key, stall in self.stalls.items() if (figure := stall.per_token) is not None}
+        nearest = min(figures, key=lambda key: (key[1] != speculating, abs(key[0] - bucket)), default=None)
+        return 0.0 if nearest is None else figures[nearest]
 
     def _borrowed(self, bucket: int, other: int, k: int) -> float | None:
         there, scale = self._seconds(other, k), self._scale(bucket, other)
@@ -416,12 +468,18 @@ class AdaptiveK:
 
         Where target-only beat speculation at a smaller batch size, speculation is measured here only every
         MAX_BACKOFF periods, missing or not: a larger batch leaves speculation less to gain, and its first
-        measurements at 8 and 16 clients cost 11-19% of a 60 s window at a mean k under 0.05."""
+        measurements at 8 and 16 clients cost 11-19% of a 60 s window at a mean k under 0.05. A k > 0 missing
+        here whose figure borrowed from another batch size is more than a quarter slower waits four periods
+        from the batch size's first decision, as a stale slow one does: at 16 clients k = 1, borrowed at
+        0.55x target-only, was explored at once, every draft catching up on its session's context first
+        (0.93x target-only over the window at a mean k of 0.2)."""
         lost_below = k > 0 and self._target_only_won_below(bucket)
+        slower = estimate is not None and estimate < 0.75 * best_rate
         round_time = self.times.get((bucket, k))
         if round_time is None or not round_time.trusted:
-            return not lost_below or now - self._since[bucket] > self.refresh_s * MAX_BACKOFF
-        slower = estimate is not None and estimate < 0.75 * best_rate
+            if not lost_below and not (k > 0 and slower):
+                return True
+            return now - self._since[bucket] > self.refresh_s * (MAX_BACKOFF if lost_below else 4)
         losses = self._losses.get((bucket, k), 0) if k > 0 else 0
         periods = MAX_BACKOFF if lost_below else min(MAX_BACKOFF, (4 if slower else 1) * 2**losses)
         return now - round_time.updated_at > self.refresh_s * periods
@@ -431,7 +489,7 @@ class AdaptiveK:
         target-only was the faster."""
         for smaller in sorted({b for b, _ in self.times if b < bucket}, reverse=True):
             measured = {k: s for k in range(self.max_k + 1) if (s := self._seconds(smaller, k)) is not None}
-            rates = {k: self.expected_tokens(k) / s for k, s in measured.items()}
+            rates = {k: self._rate(smaller, k, s) for k, s in measured.items()}
             if 0 in rates and len(rates) > 1:
                 return max(rates, key=lambda k: rates[k]) == 0
         return False

@@ -73,10 +73,26 @@ def test_a_lone_session_runs_its_rounds_in_turn_with_the_draft_on_every_core(
     assert set(threads_used) == {usable_cpu_count()}
 
 
+def test_alone_the_draft_prefills_in_the_first_draft_turn_not_beside_the_targets_prefill(
+    engine: SpeculativeEngine,
+) -> None:
+    """On the target's cores the draft's prefill would slow the target's, which chooses the first token: a
+    session alone on the target prefills its draft in its first draft turn."""
+    drafts, targets = Recorder(), Recorder(("Prefill",))
+    stack = LocalStack(orchestrator=YIELD, interceptors={"draft": [drafts], "target": [targets]})
+    with stack, SpecServeClient(stack.address) as client:
+        for prompt in PROMPTS[:2]:
+            response = client.generate(prompt, max_tokens=20, num_speculative_tokens=4)
+            assert list(response.token_ids) == reference(engine, prompt, max_tokens=20)
+    draft_prefills, target_prefills = drafts.spans_of("Prefill"), targets.spans_of("Prefill")
+    assert len(draft_prefills) == len(target_prefills) == 2
+    assert all(t1 <= d0 for (t0, t1), (d0, d1) in zip(target_prefills, draft_prefills))
+
+
 def test_with_company_the_sessions_take_turns_drafting_and_verifying_together(
     engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    threads_used, recorder, verifies = _record_draft_threads(monkeypatch), Recorder(), Recorder(("Verify",))
+    threads_used, recorder, verifies = _record_draft_threads(monkeypatch), Recorder(), Recorder(("Verify", "Prefill"))
     stack = LocalStack(orchestrator=YIELD, interceptors={"draft": [recorder], "target": [verifies]})
     with stack, SpecServeClient(stack.address) as client, concurrent.futures.ThreadPoolExecutor(4) as pool:
         generate = lambda p: client.generate(p, max_tokens=60, num_speculative_tokens=4)  # noqa: E731
@@ -88,9 +104,12 @@ def test_with_company_the_sessions_take_turns_drafting_and_verifying_together(
     assert all(call.target_idle and call.confidence_threshold == pytest.approx(0.4) for call, _ in proposes)
     assert set(threads_used) == {usable_cpu_count()}
     assert max(answer.batch_size for _, answer in proposes) > 1  # the sessions drafted together
-    drafting, verifying = recorder.spans_of("Propose"), verifies.spans_of("Verify")
-    assert drafting and verifying
-    assert not any(d0 < v1 and v0 < d1 for d0, d1 in drafting for v0, v1 in verifying)  # never at once
+    # never at once; a target's prefill takes a verify turn (and a draft's runs beside it, or alone on the
+    # target, in the session's first draft turn)
+    drafting = recorder.spans_of("Propose")
+    verifying = verifies.spans_of("Verify") + verifies.spans_of("Prefill")
+    assert len(recorder.spans_of("Prefill")) == len(verifies.spans_of("Prefill")) == 4 and verifies.spans_of("Verify")
+    assert not any(d0 < v1 and v0 < d1 for d0, d1 in drafting for v0, v1 in verifying)
 
 
 def test_the_draft_takes_every_core_only_for_a_batch_whose_targets_all_wait(tiny_draft: LoadedModel) -> None:

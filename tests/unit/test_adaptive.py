@@ -493,14 +493,54 @@ def test_leaving_target_only_at_a_batch_size_other_than_the_last_decisions_is_an
     assert policy.choose(8, now=60.0) == 1 and policy._exploration is not None
 
 
-def test_rounds_beside_a_prefill_are_left_out_at_every_k() -> None:
+def test_prefill_stalls_are_taken_out_of_rounds_and_priced_at_every_k_alike() -> None:
     """A prefill's stall is caught by the median rule in short target-only rounds but not in long ones at
-    k > 0: rounds beside a prefill count at no k, or target-only looks faster than it is."""
+    k > 0, and leaving out the rounds beside a prefill keeps the long rounds that were lucky: a round counts
+    without its stall, and stalls are priced per token at every k alike, however they fell on rounds."""
     policy = AdaptiveK(8, prior_weight=0.0)
-    for _ in range(8):
-        policy.observe(1, 0, 0, 0.5, now=0.0)
-        policy.observe(1, 2, 2, 1.0, now=0.0)
-        policy.observe(1, 0, 0, 5.0, now=0.0, beside_prefill=True)
-        policy.observe(1, 2, 2, 1.5, now=0.0, beside_prefill=True)  # under twice the median: not a stall
-    assert policy.estimate(0, 0) == pytest.approx(1 / 0.5)
-    assert policy.estimate(0, 2) == pytest.approx(3 / 1.0)
+    for i in range(64):
+        # 0.01 s per emitted token and other session (7 here) at both k: every target-only round stalled a
+        # little, every other round at k = 2 (3 tokens) stalled twice as much
+        policy.observe(8, 0, 0, 0.5 + 0.07, now=0.0, stalled_s=0.07)
+        stalled_s = 0.42 if i % 2 else 0.0
+        policy.observe(8, 2, 2, 1.0 + stalled_s, now=0.0, stalled_s=stalled_s)
+    bucket = batch_bucket(8)
+    assert policy.stall_per_token(bucket, speculating=False) == pytest.approx(0.01)
+    assert policy.stall_per_token(bucket, speculating=True) == pytest.approx(0.01)
+    assert policy.estimate(bucket, 0) == pytest.approx(1 / (0.5 + 0.07))
+    assert policy.estimate(bucket, 2) == pytest.approx(3 / (1.0 + 0.21))
+
+
+def test_prefill_stalls_while_speculating_are_priced_apart_from_target_only() -> None:
+    """Speculating, a draft prefills beside the target (on shared cores, slowing it): target-only is priced
+    by its own stalls; a batch size without a figure takes the nearest one's (with or else without
+    speculating, as asked); one session alone is stalled by no other session's prefill."""
+    policy = AdaptiveK(8, prior_weight=0.0)
+    for _ in range(64):
+        policy.observe(4, 0, 0, 0.56, now=0.0, stalled_s=0.06)
+        policy.observe(8, 4, 4, 1.7, now=0.0, stalled_s=0.7)
+        policy.observe(1, 4, 4, 1.0, now=0.0)
+    assert policy.stall_per_token(batch_bucket(4), speculating=False) == pytest.approx(0.02)  # 0.06 / 1 / 3
+    assert policy.stall_per_token(batch_bucket(8), speculating=True) == pytest.approx(0.02)  # 0.7 / 5 / 7
+    assert policy.stall_per_token(batch_bucket(8), speculating=False) == pytest.approx(0.02)  # the nearest
+    assert policy.stall_per_token(batch_bucket(16), speculating=True) == pytest.approx(0.02)
+    assert policy.stall_per_token(batch_bucket(4), speculating=True) == pytest.approx(0.02)
+    for _ in range(64):
+        policy.observe(8, 0, 0, 0.57, now=0.0, stalled_s=0.07)
+    assert policy.stall_per_token(batch_bucket(8), speculating=False) == pytest.approx(0.01)
+    assert policy.estimate(batch_bucket(1), 4) == pytest.approx(5 / 1.0)
+    assert policy.estimate(batch_bucket(8), 4) == pytest.approx(5 / (1.0 + 5 * 0.02 * 7))
+    assert policy.estimate(batch_bucket(8), 0) == pytest.approx(1 / (0.5 + 0.01 * 7))
+
+
+def test_a_missing_k_borrowed_far_slower_waits_like_a_stale_slow_one() -> None:
+    """Measuring a k > 0 first at a batch size can make every session's draft catch up on its context: one
+    whose borrowed figure is more than a quarter slower than the best waits four periods; target-only, which
+    speculation must beat, and a close one are measured at once."""
+    policy, bucket = AdaptiveK(8), batch_bucket(16)
+    policy._since[bucket] = 0.0
+    assert not policy._due(bucket, 1, best_rate=3.0, estimate=1.6, now=10.0)
+    assert policy._due(bucket, 1, best_rate=3.0, estimate=1.6, now=4 * policy.refresh_s + 1.0)
+    assert policy._due(bucket, 1, best_rate=3.0, estimate=2.5, now=10.0)
+    assert policy._due(bucket, 1, best_rate=3.0, estimate=None, now=10.0)
+    assert policy._due(bucket, 0, best_rate=3.0, estimate=1.6, now=10.0)
