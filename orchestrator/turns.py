@@ -9,8 +9,8 @@ when a phase's last call returns, the sessions waiting for the other phase go in
 those of the phase just ended as they come; each pass then batches them all, on cores of its own.
 A round without drafts (k = 0) has nothing to alternate with: its verification joins a verify turn under
 way unless a session waits to draft, so that sessions all at k = 0 batch exactly as target-only ones do.
-A request's first prefill on the target takes a verify turn the same way; a draft's prefill runs in the
-session's first draft turn.
+A request's first prefills take a verify turn the same way (the draft's beside the target's; for a
+session alone on the target, the draft's in the session's first draft turn instead).
 """
 
 from __future__ import annotations

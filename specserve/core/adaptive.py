@@ -247,11 +247,10 @@ class AdaptiveK:
         """One session's round: `k` drafts, `num_accepted` of them accepted, `seconds` since its previous
         round ended (waits and overlap included), `stalled_s` of them while a prefill ran on the target replica
         (a new request's, or a session's rebuilt). The round's time counts without its stall, and the stall
-        goes to PrefillStall, priced at every k alike: the median rule caught a
-        prefill's 0.4 s in a 0.2 s target-only round but not in a 1 s round at k = 4 (k = 0 chosen at 8
-        clients where k = 4 gave 1.11x), and leaving out the rounds beside a prefill kept the long rounds
-        that were lucky (at 16 clients most ran beside one: k = 8 looked 25% faster than k = 0 and served
-        0.97x)."""
+        goes to PrefillStall, priced at every k alike: the median rule caught a prefill's 0.4 s in a 0.2 s
+        target-only round but not in a 1 s round at k = 4 (k = 0 chosen at 8 clients where k = 4 gave
+        1.11x), and leaving out the rounds beside a prefill kept the long rounds that were lucky (at 16
+        clients most ran beside one: k = 8 looked 25% faster than k = 0 and served 0.97x)."""
         if k > 0:
             grow = k - len(self.examined_at)
             self.examined_at.extend([0.0] * grow)
