@@ -86,7 +86,7 @@ def test_alone_the_draft_prefills_in_the_first_draft_turn_not_beside_the_targets
             assert list(response.token_ids) == reference(engine, prompt, max_tokens=20)
     draft_prefills, target_prefills = drafts.spans_of("Prefill"), targets.spans_of("Prefill")
     assert len(draft_prefills) == len(target_prefills) == 2
-    assert all(t1 <= d0 for (t0, t1), (d0, d1) in zip(target_prefills, draft_prefills))
+    assert all(target_end <= draft_start for (_, target_end), (draft_start, _) in zip(target_prefills, draft_prefills))
 
 
 def test_with_company_the_sessions_take_turns_drafting_and_verifying_together(
@@ -108,7 +108,7 @@ def test_with_company_the_sessions_take_turns_drafting_and_verifying_together(
     # target, in the session's first draft turn)
     drafting = recorder.spans_of("Propose")
     verifying = verifies.spans_of("Verify") + verifies.spans_of("Prefill")
-    assert len(recorder.spans_of("Prefill")) == len(verifies.spans_of("Prefill")) == 4 and verifies.spans_of("Verify")
+    assert drafting and verifying and len(recorder.spans_of("Prefill")) == len(verifies.spans_of("Prefill")) == 4
     assert not any(d0 < v1 and v0 < d1 for d0, d1 in drafting for v0, v1 in verifying)
 
 
