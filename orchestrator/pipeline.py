@@ -121,6 +121,7 @@ class RemoteRequest:
         self.draft: Replica | None = None
         self._target_ready = self._draft_ready = False  # whether the replica holds this session
         self._num_prefills = 0
+        self._draft_prefilling = False  # the draft's first prefill runs beside the target's (PrefillStall)
         self._first_token_id: int | None = None
         self._draft_lost_at = 0.0
         self._draft_length = 0  # context tokens the draft knows (its last proposal included)
@@ -169,8 +170,10 @@ class RemoteRequest:
                 prefills.append(self._on_draft(_nothing))
             # On the target's cores the prefills take a verify turn (Turns): beside a draft pass every call
             # slows down, and the rounds they hold up then stand still whatever their k, as AdaptiveK prices.
+            self._draft_prefilling = len(prefills) > 1
             async with self._turn(Phase.VERIFY, late_ok=True):
                 results = await asyncio.gather(*prefills, return_exceptions=True)
+            self._draft_prefilling = False
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
@@ -199,8 +202,12 @@ class RemoteRequest:
             try:
                 if not self._target_ready:
                     sampling = self.plan.sampling if first_token else None
-                    with self.target.prefilling():
+                    with self.target.prefilling() as timing:
                         first = await client.prefill(self.session_id, self.context, self._seed(), sampling)
+                    if (policy := self._adaptive_k()) is not None:
+                        policy.observe_prefill(
+                            timing.seconds, len(self.context), self._draft_prefilling, timing.alone, time.perf_counter()
+                        )
                     self._first_token_id = first
                     self._target_ready = True
                 return await call(client)
@@ -243,7 +250,10 @@ class RemoteRequest:
             try:
                 if not self._draft_ready:
                     context = self.context
-                    await client.prefill(self.session_id, context, self._seed())
+                    with self.draft.prefilling() as timing:
+                        await client.prefill(self.session_id, context, self._seed())
+                    if timing.alone and (policy := self._adaptive_k()) is not None:  # what a draft catching up costs
+                        policy.observe_draft_prefill(timing.seconds, len(context), time.perf_counter())
                     self._draft_ready, self._draft_length, self._draft_valid = True, len(context), len(context)
                 return await call(client)
             except grpc.aio.AioRpcError as e:
@@ -302,7 +312,7 @@ class RemoteRequest:
                 now, clock = time.perf_counter(), self._prefill_clock()
                 policy.observe(
                     self._batch_size(), len(proposal.token_ids), verdict.num_accepted, now - round_ended, now,
-                    stalled_s=clock - prefilled_s,
+                    stalled_s=clock - prefilled_s, draft_lag=self._draft_lag(),
                 )  # fmt: skip
                 round_ended, prefilled_s = now, clock
             emitted = decoder.apply(proposal, verdict, t1 - t0, t2 - t1)
@@ -320,6 +330,10 @@ class RemoteRequest:
         if self.plan.adaptive and self.target is not None and self.plan.k > 0:
             return self.target.adaptive_k(self.plan.k)
         return None
+
+    def _draft_lag(self) -> int:
+        """Context tokens the session's draft lacks (all of them before its first prefill)."""
+        return self.decoder.context_length - (self._draft_valid if self.draft is not None and self._draft_ready else 0)
 
     def _prefill_clock(self) -> float:
         return self.target.prefill_clock() if self.target is not None else 0.0

@@ -70,6 +70,15 @@ class StaticFleet:
 WorkerClient = DraftClient | TargetClient
 
 
+@dataclass(slots=True)
+class PrefillTiming:
+    """A prefill's seconds, and whether it ran alone: no other prefill on the replica started before it
+    ended (one beside another waits for it, so its seconds are not what a prefill costs)."""
+
+    alone: bool
+    seconds: float = 0.0
+
+
 @dataclass(eq=False)
 class Replica:
     address: str
@@ -84,24 +93,32 @@ class Replica:
     turn_taking: Turns | None = None
     """Its sessions' draft and verify turns, where they share cores with their drafts (made on first use)."""
     num_prefilling: int = 0
-    """Prefills this orchestrator sent to it and that are in flight (a new request's draft prefills beside
-    its target's, inside this one's time). Not a draft catching up on a context: on separate hardware it
+    """Prefills this orchestrator sent to it and that are in flight (on a target: a new request's draft
+    prefills beside its target's, inside this one's time). Not a draft catching up on a context: on separate hardware it
     holds only its own session, and on the target's cores it runs in a draft turn, so the rounds at k > 0
     pay for it in their round times (not target-only's, as a stall priced at every k would)."""
     _prefilled_s: float = 0.0
     _prefilling_since: float = 0.0
+    _prefills_started: int = 0
 
     @contextlib.contextmanager
-    def prefilling(self) -> Iterator[None]:
-        if not self.num_prefilling:
-            self._prefilling_since = time.perf_counter()
+    def prefilling(self) -> Iterator[PrefillTiming]:
+        """A prefill in flight, on the prefill clock; its timing once it returns."""
+        timing = PrefillTiming(alone=not self.num_prefilling)
+        started = time.perf_counter()
+        if timing.alone:
+            self._prefilling_since = started
         self.num_prefilling += 1
+        self._prefills_started += 1
+        number = self._prefills_started
         try:
-            yield
+            yield timing
         finally:
+            ended = time.perf_counter()
             self.num_prefilling -= 1
             if not self.num_prefilling:
-                self._prefilled_s += time.perf_counter() - self._prefilling_since
+                self._prefilled_s += ended - self._prefilling_since
+            timing.seconds, timing.alone = ended - started, timing.alone and number == self._prefills_started
 
     def prefill_clock(self) -> float:
         """Seconds during which a prefill on it ran, so far: what it advanced by during a round is how long

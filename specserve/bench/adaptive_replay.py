@@ -103,6 +103,8 @@ class ReplayConfig:
     catch_up_s: float = 0.4
     """Per session, the draft catching up on its context when k leaves 0 (a draft prefill of 100-230 tokens
     took 0.24-0.48 s in the served sweeps here); on the round after, for the whole batch."""
+    catch_up_tokens: int = 160
+    """The context tokens a draft lacks at k = 0, as the policy is told (a whole context, as `catch_up_s` costs)."""
     short_batch: float = 0.2
     """Share of decisions taken one session short (a session between requests): where that is another batch
     size bucket (3 of 4 sessions is; 15 of 16 is not) the bucket changes between decisions."""
@@ -120,6 +122,7 @@ def replay(
     the window and the mean k there. `fixed_k` replays a fixed mode instead of the policy."""
     rng = random.Random(seed)
     policy = AdaptiveK(max_k=min(landscape.max_k(load) for load in landscape.loads))
+    policy.observe_draft_prefill(config.catch_up_s, config.catch_up_tokens, now=0.0)  # as the first request's
     now, result, previous_k = 0.0, {}, policy.k
     for load in loads or landscape.loads:
         end, counted_from = now + config.seconds_per_load, now + config.warmup_s
@@ -136,7 +139,7 @@ def replay(
             now += seconds
             for _ in range(load):  # every session of the batch finishes this round
                 num_accepted = _accepted(rng, landscape.acceptance[load][:k])
-                policy.observe(batch_size, k, num_accepted, seconds, now)
+                policy.observe(batch_size, k, num_accepted, seconds, now, draft_lag=config.catch_up_tokens)
                 tokens += (num_accepted + 1) if now > counted_from else 0
             if now > counted_from:
                 ks.append(k)

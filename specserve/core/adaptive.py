@@ -30,6 +30,7 @@ STALL = 2.0  # a round this many times the median stalled (held by something the
 STALL_MEMORY_S = 120.0  # prefill stalls: about the last two minutes count (a prefill every few seconds)
 STALL_TRUSTED_TOKENS = 64  # ...and a figure needs this many session tokens behind it
 MAX_BACKOFF = 16  # a choice that keeps losing is measured again at most this many refresh periods apart
+LAG_WEIGHT = 0.1  # drafts' lag at k = 0: about the last ten session rounds count
 
 
 @dataclass(slots=True)
@@ -66,26 +67,72 @@ class RoundTime:
 
 
 @dataclass(slots=True)
-class PrefillStall:
-    """Seconds other sessions' prefills held a session, per token it emitted and per other session of the
-    batch: about a prefill's seconds over a request's tokens, the same at every batch size and every k > 0
-    (while speculating, a draft prefills beside the target, on shared cores slowing it). Decayed over
-    minutes: at 16 clients a prefill comes every few seconds, and a figure of a few rounds caught one or
-    none."""
+class Decayed:
+    """A ratio of two sums (seconds per token, say), each decayed over STALL_MEMORY_S: at 16 clients a
+    prefill comes every few seconds, and a figure of a few rounds caught one or none."""
 
-    seconds: float = 0.0
-    tokens: float = 0.0
+    numerator: float = 0.0
+    denominator: float = 0.0
     updated_at: float = -math.inf
 
-    def observe(self, seconds: float, tokens: int, now: float) -> None:
-        decay = math.exp(-max(0.0, now - self.updated_at) / STALL_MEMORY_S) if self.tokens else 0.0
-        self.seconds, self.tokens = decay * self.seconds + seconds, decay * self.tokens + tokens
+    def observe(self, numerator: float, denominator: float, now: float) -> None:
+        decay = math.exp(-max(0.0, now - self.updated_at) / STALL_MEMORY_S) if self.denominator else 0.0
+        self.numerator = decay * self.numerator + numerator
+        self.denominator = decay * self.denominator + denominator
         self.updated_at = max(self.updated_at, now)
 
-    @property
-    def per_token(self) -> float | None:
-        """Seconds per emitted token and other session; None until enough tokens were seen."""
-        return self.seconds / self.tokens if self.tokens >= STALL_TRUSTED_TOKENS else None
+    def ratio(self, trusted_after: float = 0.0) -> float | None:
+        """None until the denominator reaches `trusted_after` (and while it is 0)."""
+        if self.denominator <= 0.0 or self.denominator < trusted_after:
+            return None
+        return self.numerator / self.denominator
+
+
+@dataclass(slots=True)
+class PrefillStall:
+    """What other sessions' prefills cost a session's rounds, at every k alike but for one thing.
+
+    `per_token`, per batch size: seconds prefills held a session, per token it emitted and per other session
+    of the batch (about a prefill's seconds over a request's tokens), pooled over every k. Priced apart per k
+    from its own rounds, target-only's figure came only from explorations of a few seconds and kept what
+    they caught: at 16 clients the first prefills of all sessions at once held it at several times its
+    steady 0.004 s (target-only read 2.1-2.6 tokens/s a session where it served 3.0, and speculation won
+    at 0.92x). The one thing k changes: while speculating, a new request's draft prefills beside its
+    target's (on shared cores, slowing it: 5.6 ms a prompt token instead of 3.8 here). `prefill_s` measures
+    both kinds per prompt token, from prefills that ran alone (one beside another waits for it), and scales
+    the pooled figure by how each compares with the mix of the two behind it."""
+
+    per_token: dict[int, Decayed] = field(default_factory=dict)
+    """bucket: seconds per emitted token and other session of the batch."""
+    prefill_s: dict[bool, Decayed] = field(default_factory=dict)
+    """beside a draft's prefill: a target prefill's seconds per prompt token."""
+    beside_draft: Decayed = field(default_factory=Decayed)
+    """The share of the prefills with a draft's beside."""
+
+    def observe_round(self, bucket: int, stalled_s: float, tokens: int, now: float) -> None:
+        self.per_token.setdefault(bucket, Decayed()).observe(stalled_s, tokens, now)
+
+    def observe_prefill(self, seconds: float, prompt_tokens: int, beside_draft: bool, alone: bool, now: float) -> None:
+        self.beside_draft.observe(float(beside_draft), 1.0, now)
+        if alone and prompt_tokens > 0:
+            self.prefill_s.setdefault(beside_draft, Decayed()).observe(seconds, prompt_tokens, now)
+
+    def seconds(self, bucket: int, speculating: bool) -> float:
+        """Per emitted token and other session, at the nearest bucket with a trusted figure; 0 where none is
+        (at one client a session's rounds run beside no other session's prefill)."""
+        figures = {b: x for b, stall in self.per_token.items() if (x := stall.ratio(STALL_TRUSTED_TOKENS)) is not None}
+        nearest = min(figures, key=lambda b: abs(b - bucket), default=None)
+        return 0.0 if nearest is None else figures[nearest] * self._weight(speculating)
+
+    def _weight(self, speculating: bool) -> float:
+        """A prefill's seconds with or without a draft's beside over the pooled mix's; 1 until both kinds
+        were measured."""
+        with_draft, alone = (self.prefill_s.get(flag, Decayed()).ratio() for flag in (True, False))
+        share = self.beside_draft.ratio()
+        if with_draft is None or alone is None or share is None:
+            return 1.0
+        mixed = share * with_draft + (1.0 - share) * alone
+        return (with_draft if speculating else alone) / mixed
 
 
 def trusted_after(batch_size: int) -> int:
@@ -128,8 +175,6 @@ class Exploration:
     """Tokens per second per session it is held against, measured at its batch size (AdaptiveK._pace_here)."""
     started_at: float
     sessions: int = 1
-    leaves_target_only: bool = False
-    """From k = 0 to a k > 0: every session's draft catches up on its context first."""
     serving_s: float = 0.0
     tokens: int = 0
     session_s: float = 0.0
@@ -185,8 +230,8 @@ class AdaptiveK:
     prior_acceptance: float = 0.7
     prior_weight: float = 2.0
     times: dict[tuple[int, int], RoundTime] = field(default_factory=dict)
-    stalls: dict[tuple[int, bool], PrefillStall] = field(default_factory=dict)
-    """(bucket, speculating): what other sessions' prefills cost a session's rounds there (PrefillStall)."""
+    stalls: PrefillStall = field(default_factory=PrefillStall)
+    """What other sessions' prefills cost a session's rounds."""
     accepted_at: list[float] = field(default_factory=list)
     """[i]: drafts at window position i accepted (decayed), among examined_at[i] the target examined."""
     examined_at: list[float] = field(default_factory=list)
@@ -209,10 +254,14 @@ class AdaptiveK:
     _exploration: Exploration | None = None
     _quiet_until: dict[int, float] = field(default_factory=dict)
     """bucket: nothing but a missing target-only figure is explored there before this time."""
-    _leaving_s: float | None = None
-    """Per session, the serving seconds the last exploration from target-only lost (the drafts' catch-up)."""
-    _left_target_only: set[int] = field(default_factory=set)
-    """Buckets where an exploration from target-only was measured."""
+    draft_prefill_s: Decayed = field(default_factory=Decayed)
+    """A draft's prefill seconds per token: what a draft catching up on its context costs (on shared cores
+    the target's sessions wait meanwhile)."""
+    _draft_lag: float = 0.0
+    """Context tokens a session's draft lacks, over the recent rounds at k = 0: at k = 0 a draft falls behind
+    by every token, and a new request's is not prefilled at all."""
+    _left_at: dict[int, float] = field(default_factory=dict)
+    """bucket: when target-only was last left there."""
 
     def __post_init__(self) -> None:
         self._k = self._chosen = min(self.initial_k, self.max_k)
@@ -242,7 +291,14 @@ class AdaptiveK:
         return tokens_per_round(self.acceptances(k))
 
     def observe(
-        self, batch_size: int, k: int, num_accepted: int, seconds: float, now: float, stalled_s: float = 0.0
+        self,
+        batch_size: int,
+        k: int,
+        num_accepted: int,
+        seconds: float,
+        now: float,
+        stalled_s: float = 0.0,
+        draft_lag: int = 0,
     ) -> None:
         """One session's round: `k` drafts, `num_accepted` of them accepted, `seconds` since its previous
         round ended (waits and overlap included), `stalled_s` of them while a prefill ran on the target replica
@@ -250,8 +306,11 @@ class AdaptiveK:
         goes to PrefillStall, priced at every k alike: the median rule caught a prefill's 0.4 s in a 0.2 s
         target-only round but not in a 1 s round at k = 4 (k = 0 chosen at 8 clients where k = 4 gave
         1.11x), and leaving out the rounds beside a prefill kept the long rounds that were lucky (at 16
-        clients most ran beside one: k = 8 looked 25% faster than k = 0 and served 0.97x)."""
-        if k > 0:
+        clients most ran beside one: k = 8 looked 25% faster than k = 0 and served 0.97x). `draft_lag`: context
+        tokens the session's draft lacks (at k = 0, what leaving target-only makes it catch up on)."""
+        if k == 0:
+            self._draft_lag += LAG_WEIGHT * (draft_lag - self._draft_lag)
+        else:
             grow = k - len(self.examined_at)
             self.examined_at.extend([0.0] * grow)
             self.accepted_at.extend([0.0] * grow)
@@ -264,16 +323,14 @@ class AdaptiveK:
         self._last_round_s = seconds
         if self._exploration is not None:
             self._exploration.observe(num_accepted + 1, seconds)
+        bucket, stalled_s = batch_bucket(batch_size), min(max(stalled_s, 0.0), seconds)
+        if batch_size > 1:  # whatever the k (pooled: PrefillStall)
+            self.stalls.observe_round(bucket, stalled_s / (batch_size - 1), num_accepted + 1, now)
         if now - seconds < self._settled_at:
             # Started while other sessions still ran the previous k: in one batched pass their tokens set
             # the cost, so a deeper window would look nearly free (measured: k climbing to 8 at 16 clients);
             # and after leaving target-only, drafts catching up stall these rounds (the exploration's cost).
             return
-        bucket, stalled_s = batch_bucket(batch_size), min(max(stalled_s, 0.0), seconds)
-        if batch_size > 1:
-            self.stalls.setdefault((bucket, k > 0), PrefillStall()).observe(
-                stalled_s / (batch_size - 1), num_accepted + 1, now
-            )
         key = (bucket, min(k, self.max_k))
         self.times.setdefault(key, RoundTime(batch_size)).observe(seconds - stalled_s, now)
         if k == self._k:
@@ -326,11 +383,18 @@ class AdaptiveK:
         return tokens / max(seconds + stalled_s, 1e-9)
 
     def stall_per_token(self, bucket: int, speculating: bool) -> float:
-        """PrefillStall's figure at the nearest bucket measured with or (else) without speculating, as asked;
-        0 where none is trusted (at one client a session's rounds run beside no other session's prefill)."""
-        figures = {key: figure for key, stall in self.stalls.items() if (figure := stall.per_token) is not None}
-        nearest = min(figures, key=lambda key: (key[1] != speculating, abs(key[0] - bucket)), default=None)
-        return 0.0 if nearest is None else figures[nearest]
+        """Seconds other sessions' prefills hold a session per token it emits and other session (PrefillStall)."""
+        return self.stalls.seconds(bucket, speculating)
+
+    def observe_draft_prefill(self, seconds: float, tokens: int, now: float) -> None:
+        """A draft prefilled `tokens` tokens of a session's context in `seconds`."""
+        if tokens > 0:
+            self.draft_prefill_s.observe(seconds, tokens, now)
+
+    def observe_prefill(self, seconds: float, prompt_tokens: int, beside_draft: bool, alone: bool, now: float) -> None:
+        """A target prefill of `prompt_tokens` tokens took `seconds`, a draft's prefill beside it or not, and
+        `alone` when no other prefill on the replica overlapped it."""
+        self.stalls.observe_prefill(seconds, prompt_tokens, beside_draft, alone, now)
 
     def _borrowed(self, bucket: int, other: int, k: int) -> float | None:
         there, scale = self._seconds(other, k), self._scale(bucket, other)
@@ -376,14 +440,19 @@ class AdaptiveK:
             # Speculation has to beat target-only by the margin: within the noise the cheaper k = 0 wins, as
             # never slower than target-only asks (at 4 clients k = 1..3, each about as fast, kept it 9% slower)
             best = 0
-        quiet = now < max(self._quiet_until.get(bucket, -math.inf), self._first_leaving_at(bucket, batch_size))
+        quiet = now < self._quiet_until.get(bucket, -math.inf)
+        held = now < self._leaving_allowed_at(bucket, batch_size)
         if explored is None and self._k == 0 and best > 0:
             # Leaving target-only on figures measured before (k = 0's drifting below another's old, lucky one:
             # at 4 clients it switched back and forth; or another batch size's, the batch growing and shrinking
             # by one) is tried as an exploration, when one may be: every session's draft has to catch up first.
-            if quiet:
+            # And only on a figure faster by the switch margin too: at 16 clients k went from 0 to 4 or 5 and
+            # back every 10-15 s on figures 5-7% apart, each time with every draft catching up (0.91x
+            # target-only, where k = 4 fixed served 1.01x).
+            if quiet or held or known[best] <= (1 + self.target_only_margin + self.switch_margin) * known[0]:
                 return 0
-            self._exploration = Exploration(bucket, self._pace_here(bucket, known, 0), now, batch_size, True)
+            self._left_at[bucket] = now
+            self._exploration = Exploration(bucket, self._pace_here(bucket, known, 0), now, batch_size)
             return best
         self._chosen = best
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
@@ -408,6 +477,8 @@ class AdaptiveK:
             candidates &= {0} if bucket > 0 else set()
         if quiet:  # but target-only, which speculation must beat, is measured wherever it is missing
             candidates &= {0} if self._seconds(bucket, 0) is None else set()
+        elif held:  # at target-only a k never measured here still is (what _due allows), not one measured again
+            candidates = {k for k in candidates if self._seconds(bucket, k) is None}
         due = [k for k in candidates if self._due(bucket, k, known[best], estimates[k], now)]
         if not due:
             return best
@@ -417,8 +488,9 @@ class AdaptiveK:
         # clients three minutes went by at k = 3..5, 0.68x target-only, before k = 0 was measured).
         alone = bucket == 0
         explored = min(due, key=lambda k: (self._updated_at(bucket, k), (k == 0) == alone, -k if alone else k))
-        leaves = self._k == 0 and explored > 0
-        self._exploration = Exploration(bucket, self._pace_here(bucket, known, best), now, batch_size, leaves)
+        if self._k == 0 and explored > 0:
+            self._left_at[bucket] = now
+        self._exploration = Exploration(bucket, self._pace_here(bucket, known, best), now, batch_size)
         return explored
 
     def _pace_here(self, bucket: int, known: dict[int, float], best: int) -> float:
@@ -432,26 +504,34 @@ class AdaptiveK:
                 return known[k]
         return 0.0
 
-    def _first_leaving_at(self, bucket: int, batch_size: int) -> float:
-        """Before this time a batch size at target-only that never left it explores nothing: until what leaving
-        cost the last time (per session, elsewhere), for this many sessions, is `explore_cost_share` of the time
-        since the batch size was first seen. Unpriced, the first measurement of a k > 0 at 16 clients caught 16
-        drafts up on their contexts, and then again at the next batch size (0.88x target-only at 16 clients)."""
-        if self._k != 0 or bucket in self._left_target_only or self._leaving_s is None:
+    def _leaving_allowed_at(self, bucket: int, batch_size: int) -> float:
+        """Before this time a batch size at target-only does not leave it, to measure a k again or for one
+        measured faster (a k never measured there still is): until what leaving would cost now is
+        `explore_cost_share` of the time since it last left target-only (or was first seen). What leaving
+        costs: every session's draft catching up on the context tokens it lacks, at a draft prefill's seconds
+        per token. At 16 clients after 30 s at k = 0 a re-measurement of k = 4 and 5 cost 0.92x target-only
+        over the window, the catch-up unseen in the round times; priced per session by what the last
+        departure lost, the first departure at 16 clients had been let through by one at 8 whose drafts
+        lacked nothing. Holding back first measurements as well kept a fresh policy at 8 clients at k = 0
+        from its first seconds (0.94x target-only, where k = 4 served 1.04x); leaving at once for a k
+        measured much faster, as earning the catch-up back within a refresh period, cost a fresh policy at 8
+        clients 2% in replays (its first target-only figures are thin)."""
+        cost_s = self._leaving_cost_s(batch_size)
+        if self._k != 0 or cost_s <= 0.0:
             return -math.inf
-        return self._since[bucket] + self._leaving_s * batch_size / self.explore_cost_share
+        return self._left_at.get(bucket, self._since[bucket]) + cost_s / self.explore_cost_share
+
+    def _leaving_cost_s(self, batch_size: int) -> float:
+        """Serving seconds leaving target-only would cost now (the drafts' catch-up); 0 until measured."""
+        return (self.draft_prefill_s.ratio() or 0.0) * self._draft_lag * batch_size
 
     def _end_exploration(self, won: bool, now: float) -> None:
         """A losing exploration is charged to the budget, and its batch size explores nothing else (but a
-        missing target-only figure) until the seconds it lost are `explore_cost_share` of the time since. One
-        from target-only, won or lost, prices per session the next first departure at another batch size."""
+        missing target-only figure) until the seconds it lost are `explore_cost_share` of the time since."""
         exploration, self._exploration = self._exploration, None
         if exploration is None:
             return
         lost_s = exploration.lost_s(now)
-        if exploration.leaves_target_only and exploration.baseline > 0.0:  # no pace measured here: nothing to price
-            self._left_target_only.add(exploration.bucket)
-            self._leaving_s = lost_s / exploration.sessions
         if won:
             return
         self._exploring_s += exploration.serving_s

@@ -429,34 +429,56 @@ def test_leaving_target_only_on_earlier_figures_is_tried_as_an_exploration() -> 
     assert policy._quiet_until[batch_bucket(8)] == pytest.approx(64.0 + 320.0)
 
 
-def test_the_first_departure_from_target_only_at_a_batch_size_is_priced_by_the_last() -> None:
-    """A batch size that never left target-only waits, before its first exploration of a k > 0, until what the
-    last departure cost per session (elsewhere), for its sessions, is `explore_cost_share` of the time since it
-    was first seen: 16 drafts catching up cost four times what 4 did. Unpriced (a fresh policy), it explores."""
-    fresh, priced = AdaptiveK(8), AdaptiveK(8, _leaving_s=0.4)  # 0.4 s lost per session, at another batch size
-    for policy in (fresh, priced):
+def test_leaving_target_only_takes_the_switch_margin_on_top() -> None:
+    """At target-only a k > 0 faster by the target-only margin is not enough to leave: every departure makes
+    the drafts catch up, and at 16 clients k flipped between 0 and 4 on figures 5-7% apart (0.91x)."""
+    for round_s, leaves in ((2 / 2.14, False), (2 / 2.24, True)):  # k = 1: 7% and 12% faster
+        policy = AdaptiveK(8, prior_weight=0.0)
+        for _ in range(24):  # at 8 sessions target-only 1 token in 0.5 s; k = 1 (all accepted) 2 tokens
+            policy.observe(8, 0, 0, 0.5, now=1.0)
+            policy.observe(8, 1, 1, round_s, now=1.0)
         policy._k = policy._chosen = 0
         policy._serving_s = 100.0
-        for _ in range(48):
-            policy.observe(16, 0, 0, 0.5, now=0.0)
-    assert fresh.choose(16, now=1.0) == 1 and fresh._exploration is not None
-    assert priced.choose(16, now=1.0) == 0  # first seen at 1 s: quiet until 1 + 0.4 * 16 / 0.005 = 1281 s
+        assert (policy.choose(8, now=10.0) == 1) is leaves
+        assert (policy._exploration is not None) is leaves
+
+
+def test_leaving_target_only_waits_until_the_drafts_catch_up_is_priced_in() -> None:
+    """At target-only a batch size measures a k > 0 again, or leaves for one measured faster, only once what
+    leaving would cost now, every session's draft catching up on the tokens it lacks at a draft prefill's
+    seconds per token, is `explore_cost_share` of the time since it last left target-only, or was first
+    seen: 16 drafts lacking 100 tokens cost four times what 4 did, and drafts about up to date cost little.
+    Unpriced (no draft prefill measured yet), it measures again once the figure is stale."""
+    fresh, priced = AdaptiveK(8, prior_weight=0.0), AdaptiveK(8, prior_weight=0.0)
+    priced.observe_draft_prefill(0.4, 100, now=0.0)  # 4 ms a token
+    for policy in (fresh, priced):
+        for _ in range(48):  # k = 1 (all accepted) as fast as target-only: 2 tokens in 1 s, 1 in 0.5 s
+            policy.observe(16, 1, 1, 1.0, now=0.0)
+            policy.observe(16, 0, 0, 0.5, now=0.0, draft_lag=100)
+        policy._k = policy._chosen = 0
+        policy._serving_s = 100.0
+    assert fresh.choose(16, now=31.0) == 1 and fresh._exploration is not None  # k = 1's figure is stale
+    assert priced.choose(16, now=31.0) == 0  # first seen at 31 s: held until about 31 + 0.004 * 100 * 16 / 0.005
     assert priced.choose(16, now=1200.0) == 0
-    assert priced.choose(16, now=1282.0) == 1 and priced._exploration is not None
-    assert priced._exploration.leaves_target_only
+    assert priced.choose(16, now=1312.0) == 1 and priced._exploration is not None
+    assert priced._left_at[batch_bucket(16)] == 1312.0
+    priced._exploration, priced._k = None, 0
+    assert priced.choose(16, now=1350.0) == 0  # left at 1312 s: held again
+    for _ in range(48):  # drafts about up to date (a session's lag, averaged over recent rounds)
+        priced.observe(16, 0, 0, 0.5, now=1350.0, draft_lag=1)
+    assert priced.choose(16, now=1360.0) == 1  # 0.004 * 1.6 * 16 / 0.005: held some 20 s
 
 
-def test_an_exploration_from_target_only_prices_the_next_departure_per_session() -> None:
-    policy = AdaptiveK(8)
-    policy._exploration = Exploration(bucket=4, baseline=2.0, started_at=0.0, sessions=4, leaves_target_only=True)
-    policy._exploration.observe(tokens=4, seconds=4.0)  # 1 token/s against 2: half the pace, for 4 s
-    policy._end_exploration(won=False, now=4.0)
-    assert policy._leaving_s == pytest.approx(2.0 / 4) and 4 in policy._left_target_only
-    # left without a target-only figure to measure the loss against: the price stands
-    policy._exploration = Exploration(bucket=6, baseline=0.0, started_at=4.0, sessions=8, leaves_target_only=True)
-    policy._exploration.observe(tokens=4, seconds=4.0)
-    policy._end_exploration(won=False, now=8.0)
-    assert policy._leaving_s == pytest.approx(2.0 / 4) and 6 not in policy._left_target_only
+def test_held_at_target_only_a_k_never_measured_there_is_still_measured() -> None:
+    """A fresh policy at 8 clients that went to k = 0 on its first figures, held from the start, stayed there
+    (0.94x target-only where k = 4 served 1.04x): a first measurement goes on, held or not."""
+    policy = AdaptiveK(8, prior_weight=0.0)
+    policy.observe_draft_prefill(0.4, 100, now=0.0)
+    for _ in range(24):
+        policy.observe(8, 0, 0, 0.5, now=1.0, draft_lag=100)
+    policy._k = policy._chosen = 0
+    policy._serving_s = 100.0
+    assert policy.choose(8, now=2.0) == 1 and policy._exploration is not None  # held, but k = 1 never measured
 
 
 def test_an_exploration_is_held_against_a_pace_measured_at_its_batch_size() -> None:
@@ -511,26 +533,43 @@ def test_prefill_stalls_are_taken_out_of_rounds_and_priced_at_every_k_alike() ->
     assert policy.estimate(bucket, 2) == pytest.approx(3 / (1.0 + 0.21))
 
 
-def test_prefill_stalls_while_speculating_are_priced_apart_from_target_only() -> None:
-    """Speculating, a draft prefills beside the target (on shared cores, slowing it): target-only is priced
-    by its own stalls; a batch size without a figure takes the nearest one's (with or else without
-    speculating, as asked); one session alone is stalled by no other session's prefill."""
+def test_prefill_stalls_are_pooled_over_k_and_scaled_by_what_a_prefill_costs_beside_a_draft() -> None:
+    """Stalls are pooled over every k (target-only measured only in short explorations kept the burst of
+    prefills it caught), a batch size without a figure takes the nearest one's, one session alone is
+    stalled by no other's prefill; speculating, a draft prefills beside the target's, which costs more:
+    the pooled figure is scaled by each kind's seconds per prompt token over the mix's, from prefills that
+    ran alone."""
     policy = AdaptiveK(8, prior_weight=0.0)
     for _ in range(64):
-        policy.observe(4, 0, 0, 0.56, now=0.0, stalled_s=0.06)
-        policy.observe(8, 4, 4, 1.7, now=0.0, stalled_s=0.7)
+        policy.observe(4, 0, 0, 0.56, now=0.0, stalled_s=0.06)  # 0.06 / 1 token / 3 others
+        policy.observe(4, 4, 4, 1.3, now=0.0, stalled_s=0.3)  # 0.3 / 5 tokens / 3 others
         policy.observe(1, 4, 4, 1.0, now=0.0)
-    assert policy.stall_per_token(batch_bucket(4), speculating=False) == pytest.approx(0.02)  # 0.06 / 1 / 3
-    assert policy.stall_per_token(batch_bucket(8), speculating=True) == pytest.approx(0.02)  # 0.7 / 5 / 7
-    assert policy.stall_per_token(batch_bucket(8), speculating=False) == pytest.approx(0.02)  # the nearest
-    assert policy.stall_per_token(batch_bucket(16), speculating=True) == pytest.approx(0.02)
-    assert policy.stall_per_token(batch_bucket(4), speculating=True) == pytest.approx(0.02)
-    for _ in range(64):
-        policy.observe(8, 0, 0, 0.57, now=0.0, stalled_s=0.07)
-    assert policy.stall_per_token(batch_bucket(8), speculating=False) == pytest.approx(0.01)
+    for bucket in map(batch_bucket, (4, 8, 16)):
+        for speculating in (False, True):
+            assert policy.stall_per_token(bucket, speculating) == pytest.approx(0.02)
     assert policy.estimate(batch_bucket(1), 4) == pytest.approx(5 / 1.0)
-    assert policy.estimate(batch_bucket(8), 4) == pytest.approx(5 / (1.0 + 5 * 0.02 * 7))
-    assert policy.estimate(batch_bucket(8), 0) == pytest.approx(1 / (0.5 + 0.01 * 7))
+    # a prefill beside a draft's costs 1.5 times one without; half of them were
+    for _ in range(10):
+        policy.observe_prefill(0.6, 100, beside_draft=True, alone=True, now=0.0)
+        policy.observe_prefill(0.4, 100, beside_draft=False, alone=True, now=0.0)
+    policy.observe_prefill(5.0, 100, beside_draft=True, alone=False, now=0.0)  # queued behind another: counted,
+    policy.observe_prefill(5.0, 100, beside_draft=False, alone=False, now=0.0)  # its seconds not
+    assert policy.stall_per_token(batch_bucket(4), speculating=True) == pytest.approx(0.02 * 0.6 / 0.5)
+    assert policy.stall_per_token(batch_bucket(4), speculating=False) == pytest.approx(0.02 * 0.4 / 0.5)
+    assert policy.estimate(batch_bucket(4), 4) == pytest.approx(5 / (1.0 + 5 * 0.024 * 3))
+    assert policy.estimate(batch_bucket(4), 0) == pytest.approx(1 / (0.5 + 0.016 * 3))
+
+
+def test_a_stall_figure_follows_recent_prefills() -> None:
+    """Stalls are decayed over minutes: the first prefills of a load, all at once, fade as steady rounds come."""
+    policy = AdaptiveK(8, prior_weight=0.0)
+    for _ in range(64):
+        policy.observe(16, 0, 0, 0.3 + 0.45, now=0.0, stalled_s=0.45)  # 0.03 per token and other session
+    bucket = batch_bucket(16)
+    assert policy.stall_per_token(bucket, speculating=False) == pytest.approx(0.03)
+    for i in range(2000):
+        policy.observe(16, 4, 4, 1.0 + 0.3, now=i * 0.3, stalled_s=0.3)  # 0.004 per token: 0.3 / 5 / 15
+    assert policy.stall_per_token(bucket, speculating=False) == pytest.approx(0.004, rel=0.05)
 
 
 def test_a_missing_k_borrowed_far_slower_waits_like_a_stale_slow_one() -> None:

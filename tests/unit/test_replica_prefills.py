@@ -1,0 +1,31 @@
+"""A target replica's prefill clock, and the timing of each prefill it gives the adaptive policy."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from orchestrator.replicas import Replica
+
+
+def test_a_prefill_alone_is_timed_and_on_the_clock() -> None:
+    replica = Replica("127.0.0.1:1", client=None)  # type: ignore[arg-type] - no call is made
+    with replica.prefilling() as timing:
+        time.sleep(0.05)
+    assert timing.alone and timing.seconds == pytest.approx(0.05, rel=0.5)
+    assert replica.prefill_clock() == pytest.approx(0.05, rel=0.5)
+
+
+def test_overlapping_prefills_are_not_alone_and_count_on_the_clock_once() -> None:
+    """One prefill beside another waits for it: its seconds are not what a prefill costs."""
+    replica = Replica("127.0.0.1:1", client=None)  # type: ignore[arg-type] - no call is made
+    with replica.prefilling() as first:
+        with replica.prefilling() as second:
+            time.sleep(0.02)
+        time.sleep(0.02)
+    with replica.prefilling() as third:
+        time.sleep(0.01)
+    assert not first.alone and not second.alone and third.alone
+    assert first.seconds == pytest.approx(0.04, rel=0.5) and second.seconds == pytest.approx(0.02, rel=0.5)
+    assert replica.prefill_clock() == pytest.approx(0.05, rel=0.5)
