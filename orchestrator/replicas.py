@@ -93,10 +93,11 @@ class Replica:
     turn_taking: Turns | None = None
     """Its sessions' draft and verify turns, where they share cores with their drafts (made on first use)."""
     num_prefilling: int = 0
-    """Prefills this orchestrator sent to it and that are in flight (on a target: a new request's draft
-    prefills beside its target's, inside this one's time). Not a draft catching up on a context: on separate hardware it
-    holds only its own session, and on the target's cores it runs in a draft turn, so the rounds at k > 0
-    pay for it in their round times (not target-only's, as a stall priced at every k would)."""
+    """Prefills this orchestrator sent to it that are in flight. On a target a new request's draft prefills
+    beside its target's, inside this one's time; a draft catching up on a context is on its draft's clock,
+    not the target's: on separate hardware it holds only its own session, and on the target's cores it runs
+    in a draft turn, so the rounds at k > 0 pay for it in their round times (not target-only's, as a stall
+    priced at every k would)."""
     _prefilled_s: float = 0.0
     _prefilling_since: float = 0.0
     _prefills_started: int = 0
