@@ -121,7 +121,6 @@ class RemoteRequest:
         self.draft: Replica | None = None
         self._target_ready = self._draft_ready = False  # whether the replica holds this session
         self._num_prefills = 0
-        self._draft_prefilling = False  # the draft's first prefill runs beside the target's (PrefillStall)
         self._first_token_id: int | None = None
         self._draft_lost_at = 0.0
         self._draft_length = 0  # context tokens the draft knows (its last proposal included)
@@ -163,17 +162,17 @@ class RemoteRequest:
             await self._on_target(_nothing, first_token)
         else:  # both prefills at once: with long prompts this is most of the time to first token
             self.draft = self.draft_pool.try_acquire()
-            prefills = [self._on_target(_nothing, first_token)]
-            if ((policy := self._adaptive_k()) is None or policy.k > 0) and not self._alone_on_shared_cores():
-                # (at k = 0 it would only take hardware from the target's passes: the first round that drafts
-                # catches the draft up instead)
+            # (at k = 0 the draft's prefill would only take hardware from the target's passes: the first round
+            # that drafts catches the draft up instead)
+            policy = self._adaptive_k()
+            with_draft = (policy is None or policy.k > 0) and not self._alone_on_shared_cores()
+            prefills = [self._on_target(_nothing, first_token, beside_draft=with_draft)]
+            if with_draft:
                 prefills.append(self._on_draft(_nothing))
             # On the target's cores the prefills take a verify turn (Turns): beside a draft pass every call
             # slows down, and the rounds they hold up then stand still whatever their k, as AdaptiveK prices.
-            self._draft_prefilling = len(prefills) > 1
             async with self._turn(Phase.VERIFY, late_ok=True):
                 results = await asyncio.gather(*prefills, return_exceptions=True)
-            self._draft_prefilling = False
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
@@ -190,10 +189,13 @@ class RemoteRequest:
             return seed
         return (seed * 1_000_003 + self._num_prefills) % (1 << 62)
 
-    async def _on_target(self, call: Callable[[TargetClient], Awaitable[T]], first_token: bool = False) -> T:
+    async def _on_target(
+        self, call: Callable[[TargetClient], Awaitable[T]], first_token: bool = False, beside_draft: bool = False
+    ) -> T:
         """`call` on the session's target replica, recovering the session first when that replica evicted it
         (prefill again) or failed (move to another replica, prefill there). `first_token`: the first prefill,
-        which also chooses the first output token (into _first_token_id)."""
+        which also chooses the first output token (into _first_token_id); `beside_draft`: a draft's prefill
+        runs beside it (AdaptiveK.observe_prefill)."""
         error: grpc.aio.AioRpcError | None = None
         for _ in range(MAX_CALL_ATTEMPTS):
             assert self.target is not None
@@ -206,7 +208,7 @@ class RemoteRequest:
                         first = await client.prefill(self.session_id, self.context, self._seed(), sampling)
                     if (policy := self._adaptive_k()) is not None:
                         policy.observe_prefill(
-                            timing.seconds, len(self.context), self._draft_prefilling, timing.alone, time.perf_counter()
+                            timing.seconds, len(self.context), beside_draft, timing.alone, time.perf_counter()
                         )
                     self._first_token_id = first
                     self._target_ready = True

@@ -13,8 +13,8 @@ def test_a_prefill_alone_is_timed_and_on_the_clock() -> None:
     replica = Replica("127.0.0.1:1", client=None)  # type: ignore[arg-type] - no call is made
     with replica.prefilling() as timing:
         time.sleep(0.05)
-    assert timing.alone and timing.seconds == pytest.approx(0.05, rel=0.5)
-    assert replica.prefill_clock() == pytest.approx(0.05, rel=0.5)
+    assert timing.alone and timing.seconds >= 0.05
+    assert replica.prefill_clock() == pytest.approx(timing.seconds)
 
 
 def test_overlapping_prefills_are_not_alone_and_count_on_the_clock_once() -> None:
@@ -27,5 +27,5 @@ def test_overlapping_prefills_are_not_alone_and_count_on_the_clock_once() -> Non
     with replica.prefilling() as third:
         time.sleep(0.01)
     assert not first.alone and not second.alone and third.alone
-    assert first.seconds == pytest.approx(0.04, rel=0.5) and second.seconds == pytest.approx(0.02, rel=0.5)
-    assert replica.prefill_clock() == pytest.approx(0.05, rel=0.5)
+    assert first.seconds >= second.seconds + 0.02 and second.seconds >= 0.02
+    assert replica.prefill_clock() == pytest.approx(first.seconds + third.seconds)  # the overlap once
