@@ -299,7 +299,7 @@ class RemoteRequest:
         ready: Proposal | None = None  # a pre-drafted window that turned out right
         round_ended, prefilled_s = time.perf_counter(), self._prefill_clock()
         while (k := self._next_k()) is not None:
-            t0 = time.perf_counter()
+            chosen_k, t0 = self.decoder.k, time.perf_counter()  # the policy's k (k: shrunk near the budget)
             proposal = ready if ready is not None else await self._propose(k)
             proposal = Proposal(proposal.token_ids[:k], None if proposal.probs is None else proposal.probs[:k])
             t1 = time.perf_counter()
@@ -313,8 +313,9 @@ class RemoteRequest:
             if (policy := self._adaptive_k()) is not None:  # the whole round, waits and overlap included
                 now, clock = time.perf_counter(), self._prefill_clock()
                 policy.observe(
-                    self._batch_size(), len(proposal.token_ids), verdict.num_accepted, now - round_ended, now,
-                    stalled_s=clock - prefilled_s, draft_lag=self._draft_lag(),
+                    self._batch_size(), chosen_k, verdict.num_accepted, now - round_ended, now,
+                    stalled_s=clock - prefilled_s, draft_lag=self._draft_lag(), asked=k,
+                    drafted=len(proposal.token_ids),
                 )  # fmt: skip
                 round_ended, prefilled_s = now, clock
             emitted = decoder.apply(proposal, verdict, t1 - t0, t2 - t1)

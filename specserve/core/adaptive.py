@@ -299,27 +299,32 @@ class AdaptiveK:
         now: float,
         stalled_s: float = 0.0,
         draft_lag: int = 0,
+        asked: int | None = None,
+        drafted: int | None = None,
     ) -> None:
-        """One session's round: `k` drafts, `num_accepted` of them accepted, `seconds` since its previous
+        """One session's round at the policy's `k`: `num_accepted` drafts accepted, `seconds` since its previous
         round ended (waits and overlap included), `stalled_s` of them while a prefill ran on the target replica
         (a new request's, or a session's rebuilt). The round's time counts without its stall, and the stall
         goes to PrefillStall, priced at every k alike: the median rule caught a prefill's 0.4 s in a 0.2 s
         target-only round but not in a 1 s round at k = 4 (k = 0 chosen at 8 clients where k = 4 gave
         1.11x), and leaving out the rounds beside a prefill kept the long rounds that were lucky (at 16
         clients most ran beside one: k = 8 looked 25% faster than k = 0 and served 0.97x). `draft_lag`: context
-        tokens the session's draft lacks (at k = 0, what leaving target-only makes it catch up on)."""
+        tokens the session's draft lacks (at k = 0, what leaving target-only makes it catch up on).
+
+        `asked`: drafts the window asked for (k, fewer near the request's token budget); `drafted`: drafts
+        the draft gave (fewer than asked when it ended the window on a token it was unsure of). The round's
+        time counts under k whatever its window: in a batched pass the deepest window sets the cost, and
+        counted under their own length, a request's last round (k = 0) and the draft's early stops (one
+        round in six or five at k = 3-4 here) made every shorter k, target-only first, look as slow as k (at 8
+        clients target-only read 3.0 tokens/s a session where it served 3.5). A window the draft ended
+        early counts for the acceptance as a rejection where it ended: the round emits what one would,
+        and E(k) counted over full windows only made k = 3 and 4 look 4-6% better than they served."""
+        asked = k if asked is None else min(asked, k)
+        drafted = asked if drafted is None else min(drafted, asked)
         if k == 0:
             self._draft_lag += LAG_WEIGHT * (draft_lag - self._draft_lag)
-        else:
-            grow = k - len(self.examined_at)
-            self.examined_at.extend([0.0] * grow)
-            self.accepted_at.extend([0.0] * grow)
-            # Examined up to the first rejection; each position's figure decays over its own examinations,
-            # not over all rounds: decayed while k stayed below it, a deep position fell back to the prior,
-            # which made deep windows look worse than they were and kept k small (k = 2 where 4 was best).
-            for i in range(min(num_accepted + 1, k)):
-                self.examined_at[i] = ACCEPTANCE_DECAY * self.examined_at[i] + 1.0
-                self.accepted_at[i] = ACCEPTANCE_DECAY * self.accepted_at[i] + (i < num_accepted)
+        elif asked > 0:
+            self._count_acceptance(num_accepted, drafted, stopped=drafted < asked and num_accepted == drafted)
         self._last_round_s = seconds
         if self._exploration is not None:
             self._exploration.observe(num_accepted + 1, seconds)
@@ -335,6 +340,20 @@ class AdaptiveK:
         self.times.setdefault(key, RoundTime(batch_size)).observe(seconds - stalled_s, now)
         if k == self._k:
             self._fresh += 1
+
+    def _count_acceptance(self, num_accepted: int, drafted: int, stopped: bool) -> None:
+        """Examined up to the first rejection (or the draft's stop: `stopped`); each position's figure decays
+        over its own examinations, not over all rounds: decayed while k stayed below it, a deep position fell
+        back to the prior, which made deep windows look worse than they were and kept k small (k = 2 where
+        4 was best)."""
+        examined = min(num_accepted + 1, drafted) + stopped
+        grow = examined - len(self.examined_at)
+        if grow > 0:
+            self.examined_at.extend([0.0] * grow)
+            self.accepted_at.extend([0.0] * grow)
+        for i in range(examined):
+            self.examined_at[i] = ACCEPTANCE_DECAY * self.examined_at[i] + 1.0
+            self.accepted_at[i] = ACCEPTANCE_DECAY * self.accepted_at[i] + (i < num_accepted)
 
     def choose(self, batch_size: int, now: float) -> int:
         self._count_time(now)

@@ -130,6 +130,32 @@ def test_a_position_counts_as_examined_up_to_the_first_rejection() -> None:
     assert policy.acceptance(2) == pytest.approx(1.0)
 
 
+def test_a_window_the_draft_ended_early_counts_as_a_rejection_where_it_ended() -> None:
+    stopped, clipped = AdaptiveK(8, prior_weight=0.0), AdaptiveK(8, prior_weight=0.0)
+    for _ in range(20):
+        for policy in (stopped, clipped):
+            policy.observe(1, 4, 4, 0.5, now=0.0)  # a full window, all accepted
+        stopped.observe(1, 4, 2, 0.5, now=0.0, asked=4, drafted=2)  # the draft stopped after two: both accepted
+        clipped.observe(1, 4, 2, 0.5, now=0.0, asked=2, drafted=2)  # two asked (the request's last tokens)
+    assert stopped.acceptance(1) == clipped.acceptance(1) == pytest.approx(1.0)
+    assert stopped.acceptance(2) == pytest.approx(0.5, abs=0.02)  # rounds at k = 4 emit 4 tokens on average
+    assert stopped.expected_tokens(4) == pytest.approx((5 + 3) / 2, abs=0.05)
+    assert clipped.acceptance(2) == pytest.approx(1.0)  # a short window asked for says nothing of position 2
+
+
+def test_a_round_counts_under_the_policys_k_whatever_its_window() -> None:
+    policy = AdaptiveK(8)
+    bucket = batch_bucket(8)
+    for _ in range(24):
+        policy.observe(8, 4, 4, 1.0, now=0.0)
+    policy.observe(8, 4, 0, 1.0, now=0.0, asked=0)  # a request's last token: no draft, a k = 4 batch's time
+    policy.observe(8, 4, 1, 1.0, now=0.0, asked=4, drafted=1)  # the draft stopped after one
+    assert set(policy.times) == {(bucket, 4)}  # target-only and k = 1 are not measured by these rounds
+    assert len(policy.times[bucket, 4].recent) == 26
+    policy.observe(8, 4, 0, 1.0, now=0.0, asked=0, draft_lag=50)
+    assert policy._draft_lag == 0.0  # a draft's lag at k = 0 rounds only
+
+
 def test_it_settles_on_the_fastest_k_and_rarely_leaves_it() -> None:
     best = max(range(9), key=lambda k: _rate(LIGHT, k))
     near_best = {k for k in range(9) if _rate(LIGHT, k) >= 0.97 * _rate(LIGHT, best)}
