@@ -52,11 +52,11 @@ class SessionServicer(WorkerServicer):
             raise ValueError("first_token: only a target service chooses a first output token")
         # choosing the first token, the last chunk is left to the pass that scores the last prompt token
         num_left = 1 if first_token is None else (len(prompt_token_ids) - 1) % self.prefill_chunk_tokens + 1
-        while not await self.executor.run(session.prefill, self.prefill_chunk_tokens, num_left):
+        while not await self.executor.run(session.prefill, self.prefill_chunk_tokens, num_left, background=True):
             pass
         response = pb.PrefillResponse()
         if first_token is not None:
-            verdict = await self.executor.run(session.verify, Proposal([]), first_token)
+            verdict = await self.executor.run(session.verify, Proposal([]), first_token, background=True)
             response.first_token_id = verdict.token_ids[0]
         self.worker.sessions.put(request.session_id, session)
         return response
