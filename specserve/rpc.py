@@ -167,7 +167,7 @@ class ModelExecutor:
         return await self.run(call)
 
     async def _acquire(self, background: bool) -> None:
-        if not self._busy and not any(self._waiting.values()):
+        if not self._busy:  # then nothing waits: _release hands the model on while anything does
             self._busy = True
             return
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
