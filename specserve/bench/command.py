@@ -36,7 +36,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "clients send requests until the end of a timed window and throughput counts the tokens of that window",
     )  # fmt: skip
     parser.add_argument(
-        "--warmup", type=float, default=0.0, metavar="SECONDS", help="with --duration: run this long before the window"
+        "--warmup", type=float, default=0.0, metavar="SECONDS",
+        help="with --duration: the window opens this long after every client's first token (the first prompts prefilled)",
     )
     parser.add_argument(
         "--repeats", type=int, default=1, help="with --concurrency: the modes take turns this many times per load "
