@@ -37,8 +37,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--warmup", type=float, default=0.0, metavar="SECONDS",
-        help="with --duration: the window opens this long after every client's first token (the first prompts prefilled)",
-    )
+        help="with --duration: the window opens this long after every client's first token (first prompts prefilled)",
+    )  # fmt: skip
     parser.add_argument(
         "--repeats", type=int, default=1, help="with --concurrency: the modes take turns this many times per load "
         "(spreads the drift of a shared machine over all modes)",

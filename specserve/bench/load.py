@@ -238,7 +238,7 @@ def run_load(
     warmup_s: float = 0.0,
 ) -> LoadRun:
     """Closed loop: `concurrency` clients, each sending its requests back to back: `requests_per_client`
-    each, or (`duration_s`) as many as fit in `warmup_s + duration_s`, counting the tokens of the last
+    each, or (`duration_s`) as many as fit before the window closes, counting the tokens of its
     `duration_s` only: every client is busy all through that window, so the figure is the throughput at
     this concurrency, without the start (every prompt prefilled at once) and the tail (the last clients
     alone) of a fixed batch of requests. The window opens `warmup_s` after every client's first token
