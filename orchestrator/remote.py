@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from protos import convert
 from protos import specserve_pb2 as pb
@@ -57,8 +59,18 @@ class _WorkerClient:
         self.deadlines = deadlines
         self.channel = aio_channel(address, tls, options=server_options(), interceptors=interceptors)
 
+    async def _call(self, method: str, request: Message, timeout_s: float) -> Any:
+        """One call of the stub; a channel the replica pool already closed (it removed the replica while a
+        session still held it) fails like a dead worker, UNAVAILABLE, so callers fail over or move on."""
+        try:
+            return await getattr(self.stub, method)(request, timeout=timeout_s)
+        except grpc.aio.UsageError as error:
+            no_metadata = grpc.aio.Metadata()
+            details = f"{self.address}: {error}"
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, no_metadata, no_metadata, details) from error
+
     async def model_info(self) -> ModelInfo:
-        return _model_info(await self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.deadlines.control_s))
+        return _model_info(await self._call("GetModelInfo", pb.ModelInfoRequest(), self.deadlines.control_s))
 
     async def prefill(
         self, session_id: str, prompt_token_ids: list[int], seed: int | None, first_token: SamplingParams | None = None
@@ -67,11 +79,11 @@ class _WorkerClient:
         request = pb.PrefillRequest(session_id=session_id, prompt_token_ids=prompt_token_ids, seed=seed)
         if first_token is not None:
             request.first_token.CopyFrom(convert.sampling_to_proto(first_token))
-        response = await self.stub.Prefill(request, timeout=self.deadlines.prefill_s)
+        response = await self._call("Prefill", request, self.deadlines.prefill_s)
         return response.first_token_id if response.HasField("first_token_id") else None
 
     async def release(self, session_id: str) -> None:
-        await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=self.deadlines.control_s)
+        await self._call("Release", pb.ReleaseRequest(session_id=session_id), self.deadlines.control_s)
 
     async def close(self, grace_s: float | None = None) -> None:
         await self.channel.close(grace_s)
@@ -107,7 +119,7 @@ class DraftClient(_WorkerClient):
             confidence_threshold=confidence_threshold,
             target_idle=target_idle,
         )
-        response = await self.stub.Propose(request, timeout=timeout_s or self.deadlines.round_s)
+        response = await self._call("Propose", request, timeout_s or self.deadlines.round_s)
         probs = response.probs if response.HasField("probs") else None
         report = PassReport(response.compute_ms / 1000, response.batch_size)
         return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size), report
@@ -128,7 +140,7 @@ class TargetClient(_WorkerClient):
             draft_probs=convert.probs_to_proto(proposal.probs),
             sampling=convert.sampling_to_proto(sampling),
         )
-        response = await self.stub.Verify(request, timeout=self.deadlines.round_s)
+        response = await self._call("Verify", request, self.deadlines.round_s)
         report = PassReport(response.compute_ms / 1000, response.batch_size)
         return convert.verdict_from_proto(response), report
 

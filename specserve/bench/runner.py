@@ -25,6 +25,9 @@ from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 logger = logging.getLogger(__name__)
 
+ADAPTIVE = "served adaptive"
+"""The served mode whose requests leave k to the server (its default: adaptive k)."""
+
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
@@ -143,11 +146,15 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
     with ExitStack() as stack:
         modes = _modes(cfg, target, draft, home)
         if cfg.served:
+            from orchestrator.service import OrchestratorConfig
             from specserve.bench.served import PIPELINED, SERVED_MODE_SUFFIXES, ServedStack
 
             served = stack.enter_context(ServedStack(target_config, draft_config))
             settings = f"target {_dtype(target)}, draft {_dtype(draft)}, over gRPC"
             modes.append((ModeResult("served target-only", "served", 0, settings), served.runner(0, PIPELINED, cfg)))
+            max_k = OrchestratorConfig().max_adaptive_k
+            adaptive = ModeResult(ADAPTIVE, "served", max_k, f"{settings}, the server's default: adaptive k <= {max_k}")
+            modes.append((adaptive, served.runner(None, PIPELINED, cfg)))
             for k in cfg.ks:
                 for variant, suffix in SERVED_MODE_SUFFIXES.items():
                     name = f"served k={k}{suffix}"
@@ -264,7 +271,9 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
             alpha = s.per_token_acceptance
             c = (s.draft_s / s.num_proposed) / target_step
             v_k = (s.target_s / s.num_rounds) / target_step
-            window = s.num_proposed / s.num_rounds if mode.name.endswith("+stop") else mode.k  # stops shorten it
+            # stops shorten a window, and adaptive k chooses each round's
+            varies = mode.name.endswith("+stop") or mode.name == ADAPTIVE
+            window = s.num_proposed / s.num_rounds if varies else mode.k
             theory = expected_speedup(alpha, window, c, v_k)
             speedup_same_target = mode.tokens_per_second / reference.tokens_per_second
             row.update(

@@ -95,7 +95,8 @@ class ServedStack:
         self.thread.join(10)
         self.exits.close()
 
-    def runner(self, k: int, variant: str, cfg: BenchConfig) -> Runner:
+    def runner(self, k: int | None, variant: str, cfg: BenchConfig) -> Runner:
+        """k None: the request leaves k to the server (adaptive k, its default)."""
         return client_runner(self.clients[variant], k, cfg)
 
     @property
@@ -104,7 +105,7 @@ class ServedStack:
         return {False: self.clients[PIPELINED], True: self.clients[EARLY_STOP]}
 
 
-def client_runner(client: SpecServeClient, k: int, cfg: BenchConfig) -> Runner:
+def client_runner(client: SpecServeClient, k: int | None, cfg: BenchConfig) -> Runner:
     """A bench mode that sends each prompt through the public gRPC API and times it end to end."""
 
     def run(prompt: Prompt) -> RunOutput:

@@ -82,3 +82,15 @@ def test_a_packed_target_runs_the_peer_again_on_plain_weights() -> None:
     assert all("plain weights, SDPA" in rows[f"{name} plain"]["settings"] for name in peer)
     # packing changes no logit; SDPA in place of few-query attention rounds differently: near-ties only
     assert all(departure["near_tie"] for departure in rows["hf target-only plain"]["divergences"])
+
+
+def test_the_served_bench_measures_the_server_s_default_adaptive_k() -> None:
+    cfg = BenchConfig(
+        target="tiny", draft="tiny-draft", num_prompts=1, max_tokens=24, ks=(2,), baseline_dtypes=("float32",),
+        draft_quantization="none", hf=False, hf_fp32_draft=False, served=True,
+    )  # fmt: skip
+    rows = {row["mode"]: row for row in run_bench(cfg)["modes"]}
+    adaptive = rows["served adaptive"]
+    assert "adaptive k <= 8" in adaptive["settings"] and adaptive["identical_to_target_only"] == "1/1"
+    assert 0 < adaptive["mean_window"] <= 8 and adaptive["theoretical_speedup"] > 0
+    assert rows["served k=2"]["mean_window"] <= 2
