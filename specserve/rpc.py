@@ -309,6 +309,7 @@ def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),  # a port already taken is an error, not a port two servers share
     ]
 
 

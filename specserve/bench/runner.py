@@ -140,16 +140,19 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
     torch.manual_seed(0)
     target_config = ModelConfig(cfg.target, dtype=cfg.target_dtype)
     draft_config = ModelConfig(cfg.draft, quantization=cfg.draft_quantization)
-    target, draft = load_model(target_config, home), load_model(draft_config, home)
-    texts = humaneval_prompts(cfg.num_prompts)
-    prompts = [Prompt(t, target.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     with ExitStack() as stack:
+        if cfg.served:  # first: a worker's load briefly needs about twice its weights' memory
+            from specserve.bench.served import ServedStack
+
+            served = stack.enter_context(ServedStack(target_config, draft_config))
+        target, draft = load_model(target_config, home), load_model(draft_config, home)
+        texts = humaneval_prompts(cfg.num_prompts)
+        prompts = [Prompt(t, target.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
         modes = _modes(cfg, target, draft, home)
         if cfg.served:
             from orchestrator.service import OrchestratorConfig
-            from specserve.bench.served import PIPELINED, SERVED_MODE_SUFFIXES, ServedStack
+            from specserve.bench.served import PIPELINED, SERVED_MODE_SUFFIXES
 
-            served = stack.enter_context(ServedStack(target_config, draft_config))
             settings = f"target {_dtype(target)}, draft {_dtype(draft)}, over gRPC"
             modes.append((ModeResult("served target-only", "served", 0, settings), served.runner(0, PIPELINED, cfg)))
             max_k = OrchestratorConfig().max_adaptive_k

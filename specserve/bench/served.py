@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from specserve.core.stats import SpeculationStats
-from specserve.launcher import free_port, worker_processes
+from specserve.launcher import Workers, free_port, worker_processes
 from specserve.models.loading import ModelConfig
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class ServedStack:
             self.addresses[variant] = f"127.0.0.1:{config.port}"
         self.clients = {p: SpecServeClient(a) for p, a in self.addresses.items()}
         for client in self.clients.values():  # the orchestrators listen once both workers have loaded
-            _wait_for(client, self.tasks)
+            _wait_for(client, self.tasks, workers)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -133,11 +133,12 @@ async def _event() -> asyncio.Event:
     return asyncio.Event()
 
 
-def _wait_for(client: object, tasks: list[asyncio.Future[None]], timeout_s: float = 900.0) -> None:
+def _wait_for(client: object, tasks: list[asyncio.Future[None]], workers: Workers, timeout_s: float = 900.0) -> None:
     import grpc
 
     deadline = time.monotonic() + timeout_s
     while True:
+        workers.raise_if_exited()
         for task in tasks:
             if task.done():
                 task.result()  # an orchestrator failed: raise its error

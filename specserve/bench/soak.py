@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import random
 import subprocess
 import sys
@@ -128,29 +127,14 @@ def served_stack(config: SoakConfig) -> Iterator[tuple[str, dict[str, int], dict
         try:
             address = f"127.0.0.1:{port}"
             _wait_until_serving(address, orchestrator)
-            yield address, _worker_pids() | {"orchestrator": orchestrator.pid}, workers
+            pids = {role: process.pid for role, process in workers.processes.items()}
+            yield address, pids | {"orchestrator": orchestrator.pid}, workers
         finally:
             orchestrator.terminate()
             try:
                 orchestrator.wait(30)
             except subprocess.TimeoutExpired:
                 orchestrator.kill()
-
-
-def _worker_pids() -> dict[str, int]:
-    """The worker processes worker_processes started (children of this one), by role."""
-    pids = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            status = (entry / "status").read_text() if entry.name.isdigit() else ""
-            command = (entry / "cmdline").read_bytes().split(b"\0") if status else []
-        except OSError:
-            continue
-        parent = [line.split()[1] for line in status.splitlines() if line.startswith("PPid:")]
-        for role in ("target", "draft"):
-            if parent == [str(os.getpid())] and f"{role}_service".encode() in command:
-                pids[role] = int(entry.name)
-    return pids
 
 
 def _wait_until_serving(address: str, process: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
