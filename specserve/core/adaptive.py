@@ -564,14 +564,16 @@ class AdaptiveK:
         slower; held at k = 0 it ran as fast as target-only, so the loss was re-measuring k = 1, 2 and 4
         every 30 s, each time with the draft catching up on every session's context on the target's cores.
 
-        Where target-only beat speculation at a smaller batch size, speculation is measured here only every
-        MAX_BACKOFF periods, missing or not: a larger batch leaves speculation less to gain, and its first
-        measurements at 8 and 16 clients cost 11-19% of a 60 s window at a mean k under 0.05. A k > 0 missing
-        here whose figure borrowed from another batch size is more than a quarter slower waits four periods
-        from the batch size's first decision, as a stale slow one does: at 16 clients k = 1, borrowed at
-        0.55x target-only, was explored at once, every draft catching up on its session's context first
-        (0.93x target-only over the window at a mean k of 0.2)."""
-        lost_below = k > 0 and self._target_only_won_below(bucket)
+        Where speculation did not beat target-only by `target_only_margin` at a smaller batch size (was not
+        worth choosing there), it is measured here only every MAX_BACKOFF periods, missing or not: a larger
+        batch leaves speculation less to gain, and its first measurements at 8 and 16 clients cost 11-19% of a
+        60 s window at a mean k under 0.05 (at 16 clients, after k = 5 had tied target-only at 8, a first
+        k = 1 cost 0.92x target-only at a mean k of 0.0). A k > 0 missing here whose figure borrowed from
+        another batch size is more than a quarter slower waits four periods from the batch size's first
+        decision, as a stale slow one does: at 16 clients k = 1, borrowed at 0.55x target-only, was explored
+        at once, every draft catching up on its session's context first (0.93x target-only over the window
+        at a mean k of 0.2)."""
+        lost_below = k > 0 and self._speculation_lost_below(bucket)
         slower = estimate is not None and estimate < 0.75 * best_rate
         round_time = self.times.get((bucket, k))
         if round_time is None or not round_time.trusted:
@@ -582,14 +584,14 @@ class AdaptiveK:
         periods = MAX_BACKOFF if lost_below else min(MAX_BACKOFF, (4 if slower else 1) * 2**losses)
         return now - round_time.updated_at > self.refresh_s * periods
 
-    def _target_only_won_below(self, bucket: int) -> bool:
-        """Whether, at the nearest smaller bucket where target-only and speculation were both measured,
-        target-only was the faster."""
+    def _speculation_lost_below(self, bucket: int) -> bool:
+        """Whether, at the nearest smaller bucket where target-only and speculation were both measured, no k
+        beat target-only by `target_only_margin` (the margin _decide asks for choosing speculation)."""
         for smaller in sorted({b for b, _ in self.times if b < bucket}, reverse=True):
             measured = {k: s for k in range(self.max_k + 1) if (s := self._seconds(smaller, k)) is not None}
             rates = {k: self._rate(smaller, k, s) for k, s in measured.items()}
             if 0 in rates and len(rates) > 1:
-                return max(rates, key=lambda k: rates[k]) == 0
+                return max(rates.values()) <= (1 + self.target_only_margin) * rates[0]
         return False
 
     def _updated_at(self, bucket: int, k: int) -> float:

@@ -400,6 +400,17 @@ def test_where_target_only_won_at_a_smaller_batch_a_larger_one_rarely_measures_s
     assert set(later) != {0}
 
 
+def test_where_speculation_only_tied_at_a_smaller_batch_a_larger_one_rarely_measures_it() -> None:
+    """Speculation within the target-only margin at 8 sessions is not chosen there, and a larger batch leaves
+    it less to gain: at 16 clients a first k = 1 made every draft catch up on its context (8 s of the 60 s
+    window, 0.92x target-only at a mean k of 0.0)."""
+    tied = {0: 0.5, **{k: expected_tokens(ACCEPTANCE, k) / (1.02 * 2.0) for k in range(1, 9)}}  # k > 0: 1.02x
+    policy = AdaptiveK(8)
+    _run(policy, tied, batch_size=8, duration_s=300)
+    assert policy.k == 0 and any(b == batch_bucket(8) and k > 0 for b, k in policy.times)
+    assert set(_run(policy, tied, batch_size=16, duration_s=400, start=300)) == {0}
+
+
 def _run_catching_up(
     policy: AdaptiveK, seconds_at: dict[int, float], batch_size: int, duration_s: float, catch_up_s: float
 ) -> tuple[list[float], list[int]]:
