@@ -1,13 +1,32 @@
 #!/usr/bin/env bash
 # GPU checks on one H200 (no registry, no real weights): random-weight models of real shapes, a draft
-# with controlled acceptance, throughput against alpha, k and concurrency. Prints markdown tables.
-# Runs in well under 8 minutes; needs torch with CUDA and this repository (pip install -e . --no-deps).
-set -euo pipefail
+# with controlled acceptance, throughput against alpha, k and concurrency, where decoding waits for the
+# device, and whether outputs that part from target-only part at near-ties. Prints markdown tables; writes
+# JSON and logs to $OUT (or /tmp/gpu-check). Each stage has its own time limit (7 minutes in all), and a
+# stage cut short keeps the rows it printed. Needs torch with CUDA and this repository's dependencies but
+# ray and gguf (run from the repository root, or pip install -e . --no-deps).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+RESULTS=${OUT:-/tmp/gpu-check}
+mkdir -p "$RESULTS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-timeout 300 "$PY" -m specserve.bench.synthetic --target qwen2.5-1.5b --draft qwen2.5-0.5b --device cuda \
-  --alphas 0.6 0.8 0.95 --ks 2 4 8 --concurrency 1 8 32 --prompt-len 128 --max-tokens 64
-timeout 180 "$PY" -m specserve.bench.synthetic --target qwen2.5-7b --draft qwen2.5-0.5b --device cuda \
+"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+          'transformers', transformers.__version__)" || exit 1
+
+stage() {  # name, seconds, synthetic benchmark arguments
+  local name=$1 limit=$2
+  shift 2
+  echo "## $name"
+  timeout "$limit" "$PY" -m specserve.bench.synthetic --device cuda --json "$RESULTS/$name.json" "$@" \
+    2>&1 | tee "$RESULTS/$name.log"
+  local status=${PIPESTATUS[0]}
+  [ "$status" -eq 0 ] || echo "$name: exit $status (124: cut at ${limit} s)"
+}
+
+stage qwen-1.5b-0.5b-bf16 240 --target qwen2.5-1.5b --draft qwen2.5-0.5b --sync-report \
+  --alphas 0.8 0.95 --ks 2 4 8 --concurrency 1 8 32 --prompt-len 128 --max-tokens 64
+stage qwen-7b-0.5b-bf16 110 --target qwen2.5-7b --draft qwen2.5-0.5b \
   --alphas 0.8 0.95 --ks 4 8 --concurrency 1 16 --prompt-len 128 --max-tokens 64
+stage qwen-1.5b-0.5b-fp32 60 --target qwen2.5-1.5b --draft qwen2.5-0.5b --dtype float32 \
+  --alphas 0.8 --ks 4 --concurrency 1 8 --prompt-len 128 --max-tokens 64

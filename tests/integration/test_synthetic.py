@@ -7,14 +7,23 @@ import pytest
 import torch
 
 from draft_service.worker import DraftWorker
-from specserve.bench.synthetic import Point, build, lockstep, main, measure, target_only_continuations
+from specserve.bench.lossless import ReferenceDecoder, first_divergence
+from specserve.bench.synthetic import (
+    Point,
+    build,
+    lockstep,
+    main,
+    measure,
+    near_tie_partings,
+    target_only_continuations,
+)
 from target_service.worker import TargetWorker
 
 
 @pytest.fixture(scope="module")
 def workers() -> tuple[TargetWorker, DraftWorker]:
     cpu = torch.device("cpu")
-    return TargetWorker(build("tiny", cpu, torch.float32, seed=1)), DraftWorker(
+    return TargetWorker(build("tiny", cpu, torch.float32, seed=1, predictable=True)), DraftWorker(
         build("tiny-draft", cpu, torch.float32, 2)
     )
 
@@ -30,12 +39,39 @@ def test_the_draft_is_accepted_as_often_as_told(workers: tuple, alpha: float, lo
     assert low <= accepted / proposed <= high and seconds > 0
 
 
+def test_a_predictable_target_continues_with_successors_that_bfloat16_passes_agree_on() -> None:
+    cpu = torch.device("cpu")
+    target = TargetWorker(build("tiny", cpu, torch.bfloat16, seed=5, predictable=True))
+    draft = DraftWorker(build("tiny-draft", cpu, torch.bfloat16, seed=6))
+    successor = torch.randperm(260, generator=torch.Generator().manual_seed(5))
+    prompts = [[(11 * i + 3 * j) % 260 for j in range(20)] for i in range(4)]
+    references = target_only_continuations(target, prompts, 24)
+    assert all(r[j + 1] == int(successor[r[j]]) for r in references for j in range(len(r) - 1))
+    outputs, _, proposed, accepted = lockstep(target, draft, prompts, 6, 24, 1.0, references)
+    assert outputs == references and accepted == proposed > 0
+
+
 def test_measure_and_the_command(workers: tuple, capsys: pytest.CaptureFixture[str]) -> None:
     target, draft = workers
-    rows = measure(target, draft, [Point(0.9, 2, 1), Point(0.9, 2, 3)], prompt_len=8, max_tokens=16)
+    rows = list(measure(target, draft, [Point(0.9, 2, 1), Point(0.9, 2, 3)], prompt_len=8, max_tokens=16))
     assert [(r["concurrency"], r["k"]) for r in rows] == [(1, 0), (1, 2), (3, 0), (3, 2)]
     assert all(r["identical_to_target_only"] == r["concurrency"] for r in rows if r["k"])
     args = ["--target", "tiny", "--draft", "tiny-draft", "--device", "cpu", "--dtype", "float32", "--alphas", "0.8",
             "--ks", "2", "--concurrency", "2", "--prompt-len", "8", "--max-tokens", "8"]  # fmt: skip
     assert main(args) == 0
     assert "| 2 | 0.80 | 2 |" in capsys.readouterr().out
+
+
+def test_an_output_parting_from_target_only_is_checked_for_a_near_tie(workers: tuple) -> None:
+    target, _ = workers
+    prompts = [[(5 * i + j) % 200 for j in range(12)] for i in range(3)]
+    references = target_only_continuations(target, prompts, 8)
+    decoder = ReferenceDecoder(target.loaded)
+    logits = decoder.logits(prompts[1], references[1][:3])
+    runner_up = int(logits.topk(2).indices[1])  # float32: a clear second, no near-tie
+    outputs = [references[0], references[1][:3] + [runner_up] + references[1][4:], references[2]]
+    assert near_tie_partings(decoder, prompts, references, outputs) == {"divergences_checked": 1, "near_ties": 0}
+    tie_decoder = ReferenceDecoder(target.loaded)
+    gap = float(logits.max() - logits[runner_up])
+    divergence = first_divergence(tie_decoder, prompts[1], references[1], outputs[1], tolerance=gap * 1.01)
+    assert divergence is not None and divergence.near_tie and divergence.position == 3
