@@ -262,6 +262,8 @@ class AdaptiveK:
     by every token, and a new request's is not prefilled at all."""
     _left_at: dict[int, float] = field(default_factory=dict)
     """bucket: when target-only was last left there."""
+    _chosen_at: dict[int, int] = field(default_factory=dict)
+    """bucket: the k last chosen as best there."""
 
     def __post_init__(self) -> None:
         self._k = self._chosen = min(self.initial_k, self.max_k)
@@ -468,12 +470,17 @@ class AdaptiveK:
             # And only on a figure faster by the switch margin too: at 16 clients k went from 0 to 4 or 5 and
             # back every 10-15 s on figures 5-7% apart, each time with every draft catching up (0.91x
             # target-only, where k = 4 fixed served 1.01x).
-            if quiet or held or known[best] <= (1 + self.target_only_margin + self.switch_margin) * known[0]:
+            # Nor, where speculation lost at a smaller batch size, before `_due` would measure it again here.
+            lost_below = self._speculation_lost_below(bucket) and not self._due(
+                bucket, best, known[best], estimates[best], now
+            )
+            margin = 1 + self.target_only_margin + self.switch_margin
+            if quiet or held or lost_below or known[best] <= margin * known[0]:
                 return 0
             self._left_at[bucket] = now
             self._exploration = Exploration(bucket, self._pace_here(bucket, known, 0), now, batch_size)
             return best
-        self._chosen = best
+        self._chosen = self._chosen_at[bucket] = best
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
         # step at a time (k = 1 to 4 at one client) then takes seconds, not a minute of rationed steps.
         self._end_exploration(won=explored == best, now=now)
@@ -564,10 +571,10 @@ class AdaptiveK:
         slower; held at k = 0 it ran as fast as target-only, so the loss was re-measuring k = 1, 2 and 4
         every 30 s, each time with the draft catching up on every session's context on the target's cores.
 
-        Where speculation did not beat target-only by `target_only_margin` at a smaller batch size (was not
-        worth choosing there), it is measured here only every MAX_BACKOFF periods, missing or not: a larger
-        batch leaves speculation less to gain, and its first measurements at 8 and 16 clients cost 11-19% of a
-        60 s window at a mean k under 0.05 (at 16 clients, after k = 5 had tied target-only at 8, a first
+        Where a smaller batch size measured speculation and last chose target-only (no k beat it by
+        `target_only_margin`), speculation is measured here only every MAX_BACKOFF periods, missing or not: a
+        larger batch leaves speculation less to gain, and its first measurements at 8 and 16 clients cost
+        11-19% of a 60 s window at a mean k under 0.05 (at 16 clients, after k = 5 had tied target-only at 8, a first
         k = 1 cost 0.92x target-only at a mean k of 0.0). A k > 0 missing here whose figure borrowed from
         another batch size is more than a quarter slower waits four periods from the batch size's first
         decision, as a stale slow one does: at 16 clients k = 1, borrowed at 0.55x target-only, was explored
@@ -585,13 +592,13 @@ class AdaptiveK:
         return now - round_time.updated_at > self.refresh_s * periods
 
     def _speculation_lost_below(self, bucket: int) -> bool:
-        """Whether, at the nearest smaller bucket where target-only and speculation were both measured, no k
-        beat target-only by `target_only_margin` (the margin _decide asks for choosing speculation)."""
-        for smaller in sorted({b for b, _ in self.times if b < bucket}, reverse=True):
-            measured = {k: s for k in range(self.max_k + 1) if (s := self._seconds(smaller, k)) is not None}
-            rates = {k: self._rate(smaller, k, s) for k, s in measured.items()}
-            if 0 in rates and len(rates) > 1:
-                return max(rates.values()) <= (1 + self.target_only_margin) * rates[0]
+        """Whether the nearest smaller bucket where speculation was measured last chose target-only there (as
+        it does where no k beat target-only by `target_only_margin`). What it chose, not its figures now: a
+        larger batch's ramp-up passes through it at k = 0 while prompts prefill, and those slow rounds made
+        speculation look ahead there after it had lost (16 clients then explored k = 1: 0.93x target-only)."""
+        for smaller in sorted((b for b in self._chosen_at if b < bucket), reverse=True):
+            if any(self._seconds(smaller, k) is not None for k in range(1, self.max_k + 1)):
+                return self._chosen_at[smaller] == 0
         return False
 
     def _updated_at(self, bucket: int, k: int) -> float:

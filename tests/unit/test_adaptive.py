@@ -411,6 +411,19 @@ def test_where_speculation_only_tied_at_a_smaller_batch_a_larger_one_rarely_meas
     assert set(_run(policy, tied, batch_size=16, duration_s=400, start=300)) == {0}
 
 
+def test_a_smaller_batch_counts_as_lost_for_speculation_by_what_it_chose_not_by_later_figures() -> None:
+    """Its figures can move after it chose target-only: at 16 clients the first seconds pass through 8
+    sessions at k = 0 while prompts prefill, slow rounds that made speculation look ahead at 8, and 16
+    clients then explored k = 1 (33 s, every draft catching up first; 0.93x target-only over the window)."""
+    policy = AdaptiveK(8)
+    _run(policy, CROWDED, batch_size=8, duration_s=300)
+    assert policy.k == 0 and any(b == batch_bucket(8) and k > 0 for b, k in policy.times)
+    for i in range(64):  # a ramp-up's slow target-only rounds at 8 sessions, no decision among them
+        policy.observe(8, 0, 0, 3.0, now=300.0 + 0.4 * i)
+    assert policy.estimate(batch_bucket(8), 4) > 1.1 * policy.estimate(batch_bucket(8), 0)
+    assert set(_run(policy, CROWDED, batch_size=16, duration_s=400, start=330)) == {0}
+
+
 def _run_catching_up(
     policy: AdaptiveK, seconds_at: dict[int, float], batch_size: int, duration_s: float, catch_up_s: float
 ) -> tuple[list[float], list[int]]:
