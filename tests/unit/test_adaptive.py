@@ -424,6 +424,22 @@ def test_a_smaller_batch_counts_as_lost_for_speculation_by_what_it_chose_not_by_
     assert set(_run(policy, CROWDED, batch_size=16, duration_s=400, start=330)) == {0}
 
 
+def test_one_choice_of_target_only_on_drifted_figures_does_not_hold_larger_batches_at_it() -> None:
+    """At 2 clients the policy chose target-only on figures that had drifted, at the end of its turn, and
+    4 clients then never measured speculation (k = 0 throughout, where it had served 1.2-1.4x)."""
+    policy = AdaptiveK(8)
+    _run(policy, LIGHT, batch_size=2, duration_s=200)
+    assert policy.k > 0
+    drifted, now = {0: 0.2, **{k: 2.0 for k in range(1, 9)}}, 200.0
+    while policy.k > 0:  # until the first choice of target-only; then 4 clients
+        k = policy.choose(2, now)
+        now += drifted[k]
+        for _ in range(2):
+            policy.observe(2, k, k, drifted[k], now)
+    assert policy.times[(batch_bucket(2), 0)].trusted
+    assert set(_run(policy, LIGHT, batch_size=4, duration_s=120, start=now)) != {0}
+
+
 def _run_catching_up(
     policy: AdaptiveK, seconds_at: dict[int, float], batch_size: int, duration_s: float, catch_up_s: float
 ) -> tuple[list[float], list[int]]:
