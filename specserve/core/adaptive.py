@@ -588,11 +588,11 @@ class AdaptiveK:
         slower; held at k = 0 it ran as fast as target-only, so the loss was re-measuring k = 1, 2 and 4
         every 30 s, each time with the draft catching up on every session's context on the target's cores.
 
-        Where a smaller batch size measured speculation and last chose target-only (no k beat it by
-        `target_only_margin`), speculation is measured here only every MAX_BACKOFF periods, missing or not: a
-        larger batch leaves speculation less to gain, and its first measurements at 8 and 16 clients cost
-        11-19% of a 60 s window at a mean k under 0.05 (at 16 clients, after k = 5 had tied target-only at 8, a first
-        k = 1 cost 0.92x target-only at a mean k of 0.0). A k > 0 missing here whose figure borrowed from
+        Where a smaller batch size measured speculation and kept choosing target-only for a refresh period
+        (_speculation_lost_below), speculation is measured here only every MAX_BACKOFF periods, missing or
+        not: a larger batch leaves speculation less to gain, and its first measurements at 8 and 16 clients
+        cost 11-19% of a 60 s window at a mean k under 0.05 (at 16 clients, after k = 5 had tied target-only
+        at 8, a first k = 1 cost 0.92x target-only at a mean k of 0.0). A k > 0 missing here whose figure borrowed from
         another batch size is more than a quarter slower waits four periods from the batch size's first
         decision, as a stale slow one does: at 16 clients k = 1, borrowed at 0.55x target-only, was explored
         at once, every draft catching up on its session's context first (0.93x target-only over the window
