@@ -261,6 +261,9 @@ class AdaptiveK:
     _settled_at: float = -math.inf
     _losses: dict[tuple[int, int], int] = field(default_factory=dict)
     """(bucket, k): explorations of k there in a row that did not make it the best."""
+    _cut_short_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    """(bucket, k > 0): when an exploration of k last ended before k's figure there could be trusted, its rounds
+    there so far slower than the k chosen instead (_note_cut_short)."""
     _since: dict[int, float] = field(default_factory=dict)
     """bucket: when the replica first decided at that batch size."""
     _exploration: Exploration | None = None
@@ -482,12 +485,12 @@ class AdaptiveK:
             # And only on a figure faster by the switch margin too: at 16 clients k went from 0 to 4 or 5 and
             # back every 10-15 s on figures 5-7% apart, each time with every draft catching up (0.91x
             # target-only, where k = 4 fixed served 1.01x).
-            # Nor, where speculation lost at a smaller batch size, before `_due` would measure it again here.
-            lost_below = self._speculation_lost_below(bucket) and not self._due(
-                bucket, best, known[best], estimates[best], now
-            )
+            # Nor, where speculation lost at a smaller batch size, or an exploration of this k here was cut short
+            # slower (its figure here still borrowed: _note_cut_short), before `_due` would measure it again here.
+            waiting = self._speculation_lost_below(bucket) or self._cut_short(bucket, best)
+            waiting = waiting and not self._due(bucket, best, known[best], estimates[best], now)
             margin = 1 + self.target_only_margin + self.switch_margin
-            if quiet or held or lost_below or known[best] <= margin * known[0]:
+            if quiet or held or waiting or known[best] <= margin * known[0]:
                 return 0
             self._left_at[bucket] = now
             self._exploration = Exploration(bucket, self._pace_here(bucket, known, 0), now, batch_size)
@@ -498,11 +501,12 @@ class AdaptiveK:
             self._chosen_at[bucket] = Choice(best, since=now, confirmed_at=now)
         else:
             choice.confirmed_at = now
+        if explored:  # speculation backs off; target-only, which it must beat, does not
+            self._losses[bucket, explored] = 0 if explored == best else self._losses.get((bucket, explored), 0) + 1
+            self._note_cut_short(explored, best, now)
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
         # step at a time (k = 1 to 4 at one client) then takes seconds, not a minute of rationed steps.
         self._end_exploration(won=explored == best, now=now)
-        if explored:  # speculation backs off; target-only, which it must beat, does not
-            self._losses[bucket, explored] = 0 if explored == best else self._losses.get((bucket, explored), 0) + 1
         budget = self.explore_fraction * self._serving_s
         if budget <= 0.0:
             return best
@@ -581,12 +585,36 @@ class AdaptiveK:
         quiet_s = lost_s / self.explore_cost_share
         self._quiet_until[exploration.bucket] = max(self._quiet_until.get(exploration.bucket, -math.inf), now + quiet_s)
 
+    def _note_cut_short(self, k: int, best: int, now: float) -> None:
+        """The exploration of k ends, `best` chosen instead. Where it measured k too few rounds to trust
+        (_settled's fallback ended it, or the batch changed size), k's figure there is still missing, and a
+        missing figure is due at once: at 16 clients k = 3 was explored twice within a minute, 12% below
+        target-only both times. So where k measured slower than `best` so far, _due takes it as measured now
+        (a loss); where faster, it stays due, to be measured on."""
+        exploration = self._exploration
+        if exploration is None or k == best:
+            return
+        for (bucket, measured_k), round_time in self.times.items():
+            if measured_k != k or round_time.trusted or round_time.updated_at < exploration.started_at:
+                continue
+            best_rate = self.estimate(bucket, best)
+            if best_rate is not None and self._rate(bucket, k, round_time.seconds) < best_rate:
+                self._cut_short_at[bucket, k] = now
+            else:
+                self._cut_short_at.pop((bucket, k), None)
+
+    def _cut_short(self, bucket: int, k: int) -> bool:
+        """Whether k's figure here cannot be trusted yet, and an exploration of it measured it slower
+        (_note_cut_short)."""
+        return (bucket, k) in self._cut_short_at and self._seconds(bucket, k) is None
+
     def _due(self, bucket: int, k: int, best_rate: float, estimate: float | None, now: float) -> bool:
         """Whether k's figure at this bucket is missing or stale. Stale after `refresh_s`, four times that for a
         k more than a quarter slower, and for k > 0 twice as long again after every exploration of it in a row
         that lost (up to MAX_BACKOFF times). At 8 clients here target-only was best and adaptive ran 10-17%
         slower; held at k = 0 it ran as fast as target-only, so the loss was re-measuring k = 1, 2 and 4
         every 30 s, each time with the draft catching up on every session's context on the target's cores.
+        A figure an exploration left untrusted and slower (_note_cut_short) is stale as if measured then.
 
         Where a smaller batch size measured speculation and kept choosing target-only for a refresh period
         (_speculation_lost_below), speculation is measured here only every MAX_BACKOFF periods, missing or
@@ -599,14 +627,14 @@ class AdaptiveK:
         at a mean k of 0.2)."""
         lost_below = k > 0 and self._speculation_lost_below(bucket)
         slower = estimate is not None and estimate < 0.75 * best_rate
-        round_time = self.times.get((bucket, k))
-        if round_time is None or not round_time.trusted:
+        measured_at = self._cut_short_at[bucket, k] if self._cut_short(bucket, k) else self._updated_at(bucket, k)
+        if measured_at == -math.inf:
             if not lost_below and not (k > 0 and slower):
                 return True
             return now - self._since[bucket] > self.refresh_s * (MAX_BACKOFF if lost_below else 4)
         losses = self._losses.get((bucket, k), 0) if k > 0 else 0
         periods = MAX_BACKOFF if lost_below else min(MAX_BACKOFF, (4 if slower else 1) * 2**losses)
-        return now - round_time.updated_at > self.refresh_s * periods
+        return now - measured_at > self.refresh_s * periods
 
     def _speculation_lost_below(self, bucket: int) -> bool:
         """Whether the nearest smaller bucket where speculation was measured chose target-only there last (as
