@@ -48,6 +48,10 @@ class RoleConfig:
     """Sessions one forward pass of a replica serves at most (continuous batching)."""
     prefill_chunk_tokens: int = 256
     """Prompt tokens per prefill pass; the other sessions' passes run between the chunks."""
+    draft_slots: int = 64
+    """A draft on CUDA: sessions in its preallocated KV pool, stepped by CUDA graphs (0: none)."""
+    draft_slot_tokens: int = 4096
+    """A draft on CUDA: context one pool slot holds."""
     cpu_threads: int | None = None
     """Torch threads for CPU inference; None: every core of the node for a target, a quarter for a draft
     (specserve.models.loading.cpu_threads; Ray would otherwise cap OMP_NUM_THREADS at num_cpus)."""
@@ -72,7 +76,8 @@ class RoleConfig:
         """The gRPC server one replica runs, listening on `host` (port chosen when it starts)."""
         return WorkerServiceConfig(
             self.model, host, 0, self.max_sessions, self.idle_ttl_s, self.max_batch_size, tls,
-            prefill_chunk_tokens=self.prefill_chunk_tokens,
+            prefill_chunk_tokens=self.prefill_chunk_tokens, draft_slots=self.draft_slots,
+            draft_slot_tokens=self.draft_slot_tokens,
         )  # fmt: skip
 
     def ray_resources(self) -> dict[str, float]:

@@ -24,7 +24,7 @@ async def serve(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> None:
     def make_worker() -> DraftWorker:
-        return DraftWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s)
+        return DraftWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s, config.slot_cache())
 
     await serve_worker(
         DraftServicer(config.max_batch_size, config.prefill_chunk_tokens),

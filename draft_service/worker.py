@@ -11,6 +11,8 @@ from specserve.core.verify import DRAFT_STREAM, logits_to_probs, make_generator,
 from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids
+from specserve.models.slot_cache import SlotCacheConfig, SlotPool, SlotSequence
+from specserve.models.step_graphs import StepGraphs
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 from specserve.sessions import SessionNotFoundError, SessionStore
 
@@ -31,13 +33,31 @@ class ProposeCall:
 class DraftWorker:
     """The draft model; sessions keyed by id for the service, or unmanaged via open_session()."""
 
-    def __init__(self, loaded: LoadedModel, max_sessions: int = 256, idle_ttl_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_sessions: int = 256,
+        idle_ttl_s: float = 300.0,
+        slot_cache: SlotCacheConfig | None = None,
+    ) -> None:
         self.loaded = loaded
+        slot_cache = slot_cache or SlotCacheConfig()
         self.sessions: SessionStore[DraftSession] = SessionStore(max_sessions, idle_ttl_s)
+        self.pool: SlotPool | None = None
+        self.steps: StepGraphs | None = None
+        if slot_cache.active_on(loaded.device) and loaded.decoder is not None:
+            self.pool = SlotPool(loaded.model, slot_cache)
+            self.steps = StepGraphs(loaded.model, self.pool, slot_cache.cuda_graphs)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> DraftSession:
         check_prompt(prompt_token_ids, self.loaded)
-        return DraftSession(self.loaded, prompt_token_ids, seed)
+        session = DraftSession(self.loaded, prompt_token_ids, seed)
+        pool, decoder = self.pool, self.loaded.decoder
+        if pool is not None and decoder is not None and len(prompt_token_ids) < pool.tokens_per_slot:
+            slot = pool.acquire()
+            if slot is not None:  # else a growing cache, as for a prompt too long for a slot
+                session.sequence = SlotSequence(self.loaded.model, prompt_token_ids, decoder, pool, slot)
+        return session
 
     def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None = None) -> None:
         session = self.open_session(prompt_token_ids, seed)
@@ -66,20 +86,47 @@ class DraftWorker:
                 results[i] = error
                 continue
             session.commit(call.num_kept, call.new_token_ids)
+            session.make_room(call.k)
             active.append((i, session, call, len(session.sequence.token_ids)))
-        drafting = [a for a in active if a[2].k > 0]
+        drafting = [(s, c, start) for _, s, c, start in active if c.k > 0]
         while drafting:
-            logits = feed_batch([s.sequence for _, s, _, _ in drafting], [1] * len(drafting))
-            confident = [
-                session.step(row[-1], call.sampling) >= call.confidence_threshold  # row[-1]: [vocab]
-                for (_, session, call, _), row in zip(drafting, logits)
-            ]
+            in_slots = [d for d in drafting if isinstance(d[0].sequence, SlotSequence)]
+            growing = [d for d in drafting if not isinstance(d[0].sequence, SlotSequence)]
+            confident = self._step_in_slots(in_slots) + self._step_growing(growing)
             drafting = [
-                a for a, ok in zip(drafting, confident) if ok and len(a[1].sequence.token_ids) - a[3] < a[2].k
+                (s, c, start)
+                for (s, c, start), ok in zip(in_slots + growing, confident)
+                if ok and len(s.sequence.token_ids) - start < c.k
             ]
         for i, session, _, start in active:
             results[i] = session.take_proposal(start)
         return results
+
+    def _step_in_slots(self, drafting: list[tuple[DraftSession, ProposeCall, int]]) -> list[bool]:
+        """One draft token for each session, by one (graphed) step over the pool; whether each stays confident."""
+        if not drafting:
+            return []
+        assert self.steps is not None
+        out = self.steps.step([s.sequence for s, _, _ in drafting])  # type: ignore[misc]
+        confident = []
+        for row, (session, call, _) in enumerate(drafting):
+            if call.sampling.greedy:
+                session.sequence.token_ids.append(out.greedy_ids[row])
+                confidence = out.greedy_probs[row]
+            else:
+                confidence = session.step(out.logits[row], call.sampling)
+            confident.append(confidence >= call.confidence_threshold)
+        return confident
+
+    def _step_growing(self, drafting: list[tuple[DraftSession, ProposeCall, int]]) -> list[bool]:
+        """The same over sessions with growing caches: one batched pass, tokens chosen per session."""
+        if not drafting:
+            return []
+        logits = feed_batch([s.sequence for s, _, _ in drafting], [1] * len(drafting))  # type: ignore[misc]
+        return [  # row[-1]: [vocab]
+            session.step(row[-1], call.sampling) >= call.confidence_threshold
+            for (session, call, _), row in zip(drafting, logits)
+        ]
 
     def _checked(self, call: ProposeCall) -> DraftSession:
         session = self.sessions.get(call.session_id)
@@ -99,7 +146,10 @@ class DraftWorker:
         return session
 
     def release(self, session_id: str) -> bool:
-        return self.sessions.pop(session_id) is not None
+        session = self.sessions.pop(session_id)
+        if session is not None and isinstance(session.sequence, SlotSequence):
+            session.sequence.release()  # at once: a dropped session frees its slot only when collected
+        return session is not None
 
 
 class DraftSession:
@@ -108,7 +158,7 @@ class DraftSession:
     def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
-        self.sequence = CachedSequence(loaded.model, prompt_token_ids, loaded.decoder)
+        self.sequence: CachedSequence | SlotSequence = CachedSequence(loaded.model, prompt_token_ids, loaded.decoder)
         self.generator = make_generator(seed, DRAFT_STREAM)
         self._support_rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token ids, probs) per draft
         self.confidence_threshold = 0.0  # for propose(); the service passes one per call instead
@@ -145,6 +195,11 @@ class DraftSession:
         rows, self._support_rows = self._support_rows, []
         probs = SparseProbs(tuple(ids for ids, _ in rows), tuple(p for _, p in rows)) if rows else None
         return Proposal(self.sequence.token_ids[start:], probs)
+
+    def make_room(self, k: int) -> None:
+        """A sequence in a pool slot that k more tokens would overflow moves to a growing cache."""
+        if isinstance(self.sequence, SlotSequence) and not self.sequence.fits(len(self.sequence.token_ids) + k):
+            self.sequence = self.sequence.to_growing()
 
     def commit(self, num_kept: int, new_token_ids: list[int]) -> None:
         self.sequence.truncate(num_kept)

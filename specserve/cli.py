@@ -432,7 +432,8 @@ def worker_parser(role: str) -> argparse.ArgumentParser:
         "--no-pack-weights", action="store_true", help="CPU bfloat16: keep Linear weights as loaded (not prepacked)"
     )
     parser.add_argument(
-        "--no-few-query-attention", action="store_true",
+        "--no-few-query-attention",
+        action="store_true",
         help="CPU: attention as transformers calls it (no packed query heads)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 opens it to the network")
@@ -443,6 +444,10 @@ def worker_parser(role: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--prefill-chunk-tokens", type=int, default=256, help="prompt tokens per prefill pass (others' passes between)"
     )
+    if role == "draft":
+        parser.add_argument("--draft-slots", type=int, default=64, help="on CUDA: sessions in the preallocated "
+                            "KV pool, stepped by CUDA graphs (0: none)")  # fmt: skip
+        parser.add_argument("--draft-slot-tokens", type=int, default=4096, help="on CUDA: context of one slot")
     parser.add_argument("--cpu-threads", type=int, help="torch threads on CPU (default: OMP_NUM_THREADS if set, "
                         "else all cores for a target, a quarter for a draft)")  # fmt: skip
     parser.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
@@ -470,9 +475,12 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
             mutual = args.tls_ca is not None
             peers = (ORCHESTRATOR_NAME,) if mutual else ()
             tls = TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual, peers)
+        slots: dict[str, int] = {}
+        if role == "draft":
+            slots = {"draft_slots": args.draft_slots, "draft_slot_tokens": args.draft_slot_tokens}
         config = WorkerServiceConfig(
             model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size, tls,
-            prefill_chunk_tokens=args.prefill_chunk_tokens,
+            prefill_chunk_tokens=args.prefill_chunk_tokens, **slots,
         )  # fmt: skip
         if args.cpu_threads is not None and args.cpu_threads < 1:
             raise ValueError(f"--cpu-threads must be >= 1, got {args.cpu_threads}")

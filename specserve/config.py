@@ -8,6 +8,7 @@ from specserve.core.loop import StopConditions
 from specserve.core.types import SamplingParams
 from specserve.models.loading import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.models.slot_cache import SlotCacheConfig
 from specserve.security import TLSConfig
 
 
@@ -72,6 +73,11 @@ class WorkerServiceConfig:
     plaintext (loopback and trusted networks only)."""
     prefill_chunk_tokens: int = 256
     """A prompt is prefilled this many tokens per pass, the other sessions' passes running in between."""
+    draft_slots: int = 64
+    """A draft on CUDA: sessions whose KV caches live in its preallocated pool, stepped by CUDA graphs
+    (models/slot_cache.py); the others keep growing caches and eager steps. 0: no pool. Ignored by targets."""
+    draft_slot_tokens: int = 4096
+    """A draft on CUDA: context one pool slot holds (a longer session moves to a growing cache)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -84,3 +90,12 @@ class WorkerServiceConfig:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
+        if self.draft_slots < 0 or self.draft_slot_tokens < 1:
+            raise ValueError(f"draft_slots must be >= 0 and draft_slot_tokens >= 1, got {self.draft_slots}, "
+                             f"{self.draft_slot_tokens}")  # fmt: skip
+
+    def slot_cache(self) -> SlotCacheConfig:
+        """The draft's slot pool: on CUDA (as SlotCacheConfig decides) unless draft_slots is 0."""
+        if self.draft_slots == 0:
+            return SlotCacheConfig(enabled=False)
+        return SlotCacheConfig(slots=self.draft_slots, tokens_per_slot=self.draft_slot_tokens)

@@ -26,11 +26,11 @@ def feed_batch(sequences: list[CachedSequence], num_logits: list[int]) -> list[t
     num_cached_max, num_new_max = max(cached), max(len(p) for p in pending)
     batch = len(sequences)
 
-    input_ids = torch.zeros(batch, num_new_max, dtype=torch.long, device=device)
+    padded = [tokens + [0] * (num_new_max - len(tokens)) for tokens in pending]
+    input_ids = torch.tensor(padded, dtype=torch.long, device=device)  # one copy to the device, not one per row
     attention_mask = torch.ones(batch, num_cached_max + num_new_max, dtype=torch.long, device=device)
     position_ids = torch.empty(batch, num_new_max, dtype=torch.long, device=device)
-    for i, (num_cached, tokens) in enumerate(zip(cached, pending)):
-        input_ids[i, : len(tokens)] = torch.tensor(tokens, device=device)
+    for i, num_cached in enumerate(cached):
         attention_mask[i, : num_cached_max - num_cached] = 0  # left padding of the cache
         position_ids[i] = torch.arange(num_cached, num_cached + num_new_max, device=device)
     cache = _left_padded_cache(sequences, num_cached_max)

@@ -86,12 +86,12 @@ class LeanDecoder:
             mask = mask[None, None]  # [1, 1, T, start + T]
         for layer_idx, layer in enumerate(model.model.layers):
             residual = hidden
-            hidden = _rms_norm(layer.input_layernorm, hidden)
+            hidden = rms_norm(layer.input_layernorm, hidden)
             hidden = residual + self._attend(layer.self_attn, hidden, cos, sin, cache, layer_idx, mask)
             residual, mlp = hidden, layer.mlp
-            hidden = _rms_norm(layer.post_attention_layernorm, hidden)
+            hidden = rms_norm(layer.post_attention_layernorm, hidden)
             hidden = residual + mlp.down_proj(F.silu(mlp.gate_proj(hidden)) * mlp.up_proj(hidden))
-        hidden = _rms_norm(model.model.norm, hidden)
+        hidden = rms_norm(model.model.norm, hidden)
         return model.lm_head(hidden[:, -num_logits:, :])[0]
 
     def _attend(
@@ -108,7 +108,7 @@ class LeanDecoder:
         query = attention.q_proj(hidden).view(shape).transpose(1, 2)  # [1, heads, T, head_dim]
         key = attention.k_proj(hidden).view(shape).transpose(1, 2)  # [1, kv_heads, T, head_dim]
         value = attention.v_proj(hidden).view(shape).transpose(1, 2)
-        query, key = query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+        query, key = query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
         key, value = cache.update(key, value, layer_idx)
         out, _ = self.attention(attention, query, key, value, mask, scaling=self.scaling)  # [1, T, heads, head_dim]
         return attention.o_proj(out.reshape(*hidden.shape[:-1], -1).contiguous())
@@ -125,7 +125,7 @@ class LeanDecoder:
         return self._cos[None, None, start:end].to(dtype), self._sin[None, None, start:end].to(dtype)
 
 
-def _rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     input_dtype = hidden.dtype
     hidden = hidden.to(torch.float32)
     variance = hidden.pow(2).mean(-1, keepdim=True)
@@ -133,6 +133,6 @@ def _rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return norm.weight * hidden.to(input_dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

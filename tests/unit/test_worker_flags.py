@@ -23,3 +23,22 @@ def test_a_launched_worker_loads_the_model_config_it_was_given(role: str, model:
     assert command[1:3] == ["-m", f"{role}_service"]
     args = worker_parser(role).parse_args(command[3:])
     assert worker_model(args) == model and args.port == 50061
+
+
+def test_the_draft_slot_pool_is_on_for_cuda_drafts_unless_turned_off() -> None:
+    import torch
+
+    from specserve.config import WorkerServiceConfig
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert WorkerServiceConfig(ModelConfig("tiny")).slot_cache().active_on(cuda)
+    assert not WorkerServiceConfig(ModelConfig("tiny")).slot_cache().active_on(cpu)
+    args = worker_parser("draft").parse_args(["--model", "tiny", "--draft-slots", "0", "--draft-slot-tokens", "512"])
+    assert (args.draft_slots, args.draft_slot_tokens) == (0, 512)
+    assert not WorkerServiceConfig(ModelConfig("tiny"), draft_slots=args.draft_slots).slot_cache().active_on(cuda)
+    pool = WorkerServiceConfig(ModelConfig("tiny"), draft_slots=8, draft_slot_tokens=512).slot_cache()
+    assert (pool.slots, pool.tokens_per_slot) == (8, 512)
+    with pytest.raises(SystemExit):  # a target has no draft pool
+        worker_parser("target").parse_args(["--model", "tiny", "--draft-slots", "8"])
+    with pytest.raises(ValueError, match="draft_slots"):
+        WorkerServiceConfig(ModelConfig("tiny"), draft_slots=-1)
