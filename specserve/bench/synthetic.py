@@ -30,6 +30,9 @@ from specserve.bench.lossless import ReferenceDecoder, first_divergence
 from specserve.core.loop import SpeculativeDecoder, StopConditions
 from specserve.core.types import Proposal, SamplingParams
 from specserve.models.loading import LoadedModel
+from specserve.models.sequence import CachedSequence
+from specserve.models.slot_cache import SlotCacheConfig, SlotPool, SlotSequence
+from specserve.models.step_graphs import StepGraphs
 from target_service.worker import TargetWorker, VerifyCall
 
 # hidden, layers, heads, kv heads, intermediate: the published Qwen2.5 configurations
@@ -87,6 +90,14 @@ class Point:
     alpha: float
     k: int
     concurrency: int
+    draft_cache: str = "slots"  # a key of the drafts measured: "slots" (pool + graphed steps) or "growing"
+
+
+def drafts_of(loaded: LoadedModel, caches: list[str]) -> dict[str, DraftWorker]:
+    """One draft worker per cache layout over the same model: "slots" (a slot pool, CUDA graphs where
+    there is CUDA) or "growing" (a growing cache per session, eager passes)."""
+    layouts = {"slots": SlotCacheConfig(enabled=True), "growing": SlotCacheConfig(enabled=False)}
+    return {cache: DraftWorker(loaded, max_sessions=1024, slot_cache=layouts[cache]) for cache in caches}
 
 
 def target_only_continuations(target: TargetWorker, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -103,9 +114,12 @@ def lockstep(
     alpha: float,
     references: list[list[int]] | None,
     seed: int = 0,
+    phases: dict[str, float] | None = None,
 ) -> tuple[list[list[int]], float, int, int]:
     """Every prompt as a session, all advanced together one round at a time (one batched draft step per
-    draft token, one batched target pass per round). Returns (outputs, seconds, proposed, accepted)."""
+    draft token, one batched target pass per round). Returns (outputs, seconds, proposed, accepted);
+    `phases` gets the seconds spent drafting, verifying and in rounds (each phase ends reading its results)."""
+    phases = {} if phases is None else phases
     rng = random.Random(seed)
     sampling = SamplingParams()
     vocab = target.loaded.vocab_size
@@ -121,6 +135,8 @@ def lockstep(
         commits[sid] = (len(prompt), [])
     proposed = accepted = 0
     while active := {sid: n for sid, d in decoders.items() if (n := d.next_k()) is not None}:
+        phases["rounds"] = phases.get("rounds", 0) + 1
+        drafted_at = time.perf_counter()
         proposals = {sid: Proposal([]) for sid in active}
         drafting = [sid for sid, n in active.items() if n > 0]
         if draft is not None and drafting:
@@ -130,7 +146,10 @@ def lockstep(
                 if references is not None:  # the controlled draft; without references, the draft's own tokens
                     drafted = _controlled(call.session_id, drafted, decoders, references, alpha, rng, vocab, draft)
                 proposals[call.session_id] = drafted
+        verified_at = time.perf_counter()
         verdicts = target.verify_batch([VerifyCall(sid, proposals[sid], sampling) for sid in active])
+        phases["draft_s"] = phases.get("draft_s", 0.0) + verified_at - drafted_at
+        phases["verify_s"] = phases.get("verify_s", 0.0) + time.perf_counter() - verified_at
         for sid, verdict in zip(active, verdicts):
             assert not isinstance(verdict, Exception), verdict
             decoder = decoders[sid]
@@ -174,7 +193,7 @@ TIE_CHECKS = 4  # divergent outputs checked per point: each check decodes its pr
 
 
 def measure(
-    target: TargetWorker, draft: DraftWorker, points: list[Point], prompt_len: int, max_tokens: int
+    target: TargetWorker, drafts: dict[str, DraftWorker], points: list[Point], prompt_len: int, max_tokens: int
 ) -> Iterator[dict]:
     """Rows as they are measured (a run cut short by a time limit keeps what it printed)."""
     vocab = target.loaded.vocab_size
@@ -182,19 +201,31 @@ def measure(
     for concurrency in sorted({p.concurrency for p in points}):
         prompts = [[(7 * i + 13 * j) % vocab for j in range(prompt_len)] for i in range(concurrency)]
         references = target_only_continuations(target, prompts, max_tokens)
-        # warm-up: the draft's first passes at this batch size (kernel selection, allocator) stay unmeasured
-        lockstep(target, draft, prompts, 2, min(8, max_tokens), 1.0, references)
-        _, base_s, _, _ = lockstep(target, None, prompts, 0, max_tokens, 0.0, None)
+        # warm-up, unmeasured: each pass shape's first run (lazy kernel loading, kernel choice, graph capture).
+        # In the first H200 run with graphed drafts only k = 2 was warmed, and each point's first row paid it.
+        warm_tokens = min(16, max_tokens)
+        lockstep(target, None, prompts, 0, warm_tokens, 0.0, None)
+        for draft in drafts.values():
+            for k in sorted({p.k for p in points if p.concurrency == concurrency and p.k > 0}):
+                lockstep(target, draft, prompts, k, warm_tokens, 0.8, references)
+        phases = {}
+        _, base_s, _, _ = lockstep(target, None, prompts, 0, max_tokens, 0.0, None, 0, phases)
         base = concurrency * max_tokens / base_s
-        yield {"alpha": None, "k": 0, "concurrency": concurrency, "tokens_per_second": base, "speedup": 1.0}
+        yield {"alpha": None, "k": 0, "concurrency": concurrency, "tokens_per_second": base, "speedup": 1.0,
+               "verify_ms_per_round": 1000 * phases["verify_s"] / phases["rounds"]}  # fmt: skip
         for point in (p for p in points if p.concurrency == concurrency and p.k > 0):
+            phases: dict[str, float] = {}
             outputs, seconds, proposed, accepted = lockstep(
-                target, draft, prompts, point.k, max_tokens, point.alpha, references
+                target, drafts[point.draft_cache], prompts, point.k, max_tokens, point.alpha, references, 0, phases
             )
             rate = concurrency * max_tokens / seconds
+            round_ms = {
+                f"{name}_ms_per_round": 1000 * phases[f"{name}_s"] / phases["rounds"] for name in ("draft", "verify")
+            }
             yield {
-                "alpha": point.alpha, "k": point.k, "concurrency": concurrency, "tokens_per_second": rate,
-                "speedup": rate / base, "acceptance": accepted / proposed if proposed else 0.0,
+                "alpha": point.alpha, "k": point.k, "concurrency": concurrency, "draft_cache": point.draft_cache,
+                "tokens_per_second": rate, "speedup": rate / base,
+                "acceptance": accepted / proposed if proposed else 0.0, **round_ms,
                 "identical_to_target_only": sum(o == r for o, r in zip(outputs, references)),
                 **near_tie_partings(reference_decoder, prompts, references, outputs),
             }  # fmt: skip
@@ -233,9 +264,62 @@ def sync_report(target: TargetWorker, draft: DraftWorker, prompt_len: int) -> Co
     return Counter(where)
 
 
+def draft_step_ms(draft: DraftWorker, batch: int, prompt_len: int, steps: int = 8, repeats: int = 3) -> float:
+    """Milliseconds per batched draft step of `batch` sessions (each proposing `steps` tokens per call; the
+    best of `repeats` calls after one unmeasured)."""
+    vocab, greedy = draft.loaded.vocab_size, SamplingParams()
+    for i in range(batch):
+        draft.prefill(f"t{i}", [(5 * i + 3 * j) % vocab for j in range(prompt_len)])
+    best = float("inf")
+    for repeat in range(repeats + 1):
+        calls = [ProposeCall(f"t{i}", prompt_len, [repeat], steps, greedy) for i in range(batch)]
+        started = time.perf_counter()
+        draft.propose_batch(calls)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started) if repeat else best
+    for i in range(batch):
+        draft.release(f"t{i}")
+    return 1000 * best / steps
+
+
+def check_draft_steps(loaded: LoadedModel, batch: int, prompt_len: int, steps: int = 8) -> dict[str, float]:
+    """The draft's steps over a slot pool, graphed, against the same steps run eagerly and against growing
+    caches, over `steps` greedy steps of `batch` sessions: the largest logit difference of each, the logits'
+    scale, and how often the graphed step's argmax is the growing cache's. (The target's verification keeps
+    outputs exact whatever the draft computes, so a broken draft step would only show as lost acceptance,
+    which the controlled draft here hides: this is the check.)"""
+    model, decoder, vocab = loaded.model, loaded.decoder, loaded.vocab_size
+    assert decoder is not None, "the lean decoder does not support this draft"
+    pool = SlotPool(model, SlotCacheConfig(enabled=True, slots=2 * batch, tokens_per_slot=prompt_len + steps + 1))
+    graphed, eager = StepGraphs(model, pool, cuda_graphs=True), StepGraphs(model, pool, cuda_graphs=False)
+    prompts = [[(11 * i + 7 * j) % vocab for j in range(prompt_len)] for i in range(batch)]
+    a, b = ([SlotSequence(model, p, decoder, pool, pool.acquire()) for p in prompts] for _ in range(2))  # type: ignore[arg-type]
+    growing = [CachedSequence(model, p, decoder) for p in prompts]
+    for sequence in [*a, *b, *growing]:
+        sequence.prefill()
+    result = {"graphed_vs_eager": 0.0, "slots_vs_growing": 0.0, "logit_rms": 0.0, "argmax_agreement": 0.0}
+    for _ in range(steps):
+        out = graphed.step(a)
+        graphed_logits = out.logits.float().clone()
+        eager_logits = eager.step(b).logits.float()
+        growing_logits = torch.stack([s.feed(1)[-1] for s in growing]).float()
+        result["graphed_vs_eager"] = max(result["graphed_vs_eager"], float((graphed_logits - eager_logits).abs().max()))
+        result["slots_vs_growing"] = max(
+            result["slots_vs_growing"], float((graphed_logits - growing_logits).abs().max())
+        )
+        result["logit_rms"] = float(growing_logits.pow(2).mean().sqrt())
+        agreed = sum(i == j for i, j in zip(out.greedy_ids, growing_logits.argmax(-1).tolist()))
+        result["argmax_agreement"] += agreed / (batch * steps)
+        for group in (a, b, growing):  # all three continue with the graphed step's choices
+            for sequence, token_id in zip(group, out.greedy_ids):
+                sequence.token_ids.append(token_id)
+    return result
+
+
 TABLE_HEADER = (
-    "| concurrency | alpha | k | tok/s | speedup | acceptance | identical | near-tie partings |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| concurrency | alpha | k | draft cache | tok/s | speedup | acceptance | draft / verify ms per round "
+    "| identical | near-tie partings |\n|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -244,8 +328,9 @@ def format_row(r: dict) -> str:
     acceptance = f"{r['acceptance']:.2f}" if "acceptance" in r else ""
     identical = f"{r['identical_to_target_only']}/{r['concurrency']}" if "acceptance" in r else ""
     ties = f"{r['near_ties']}/{r['divergences_checked']}" if r.get("divergences_checked") else ""
-    return (f"| {r['concurrency']} | {alpha} | {r['k']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
-            f"{acceptance} | {identical} | {ties} |")  # fmt: skip
+    phases = f"{r.get('draft_ms_per_round', 0.0):.1f} / {r['verify_ms_per_round']:.1f}"
+    return (f"| {r['concurrency']} | {alpha} | {r['k']} | {r.get('draft_cache', '')} | {r['tokens_per_second']:.1f} | "
+            f"{r['speedup']:.2f}x | {acceptance} | {phases} | {identical} | {ties} |")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,23 +344,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--draft-caches",
+        nargs="+",
+        default=["slots"],
+        choices=["slots", "growing"],
+        help="draft cache layouts to measure (the first at every k, the others at --compare-k)",
+    )
+    parser.add_argument("--compare-k", type=int, default=4)
+    parser.add_argument("--step-times", type=int, nargs="*", default=[],
+                        help="also time one draft step per cache layout at these batch sizes")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the rows here too")
+    parser.add_argument("--check-draft-steps", type=int, metavar="BATCH", default=0,
+                        help="compare graphed draft steps with eager ones and growing caches")  # fmt: skip
     parser.add_argument("--sync-report", action="store_true", help="list where decoding waits for the device")
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     target = TargetWorker(build(args.target, device, dtype, seed=1, predictable=True), max_sessions=1024)
-    draft = DraftWorker(build(args.draft, device, dtype, seed=2), max_sessions=1024)
-    points = [Point(a, k, c) for c in args.concurrency for a in args.alphas for k in args.ks]
+    drafts = drafts_of(build(args.draft, device, dtype, seed=2), args.draft_caches)
+    first, *others = args.draft_caches
+    points = [Point(a, k, c, first) for c in args.concurrency for a in args.alphas for k in args.ks]
+    points += [Point(a, args.compare_k, c, cache) for cache in others for c in args.concurrency for a in args.alphas]
     print(f"# {args.target} target + {args.draft} draft, random weights, {args.dtype} on {device}, "
           f"prompt {args.prompt_len} tokens, {args.max_tokens} generated per session")  # fmt: skip
+    for batch in args.step_times:
+        times = ", ".join(f"{c} {draft_step_ms(d, batch, args.prompt_len):.2f}" for c, d in drafts.items())
+        print(f"draft step ms at batch {batch}: {times}", flush=True)
+    if args.check_draft_steps:
+        check = check_draft_steps(drafts[first].loaded, args.check_draft_steps, args.prompt_len)
+        print("draft step check: " + ", ".join(f"{name} {value:.4g}" for name, value in check.items()), flush=True)
     if args.sync_report:
-        syncs = sync_report(target, draft, args.prompt_len)
+        syncs = sync_report(target, drafts[first], args.prompt_len)
         print(f"host waits for the device over 8 tokens of 2 sessions at k = 4: {sum(syncs.values())}")
         for line, count in syncs.most_common():
             print(f"  {count:5d}  {line}")
     print(TABLE_HEADER, flush=True)
     rows = []
-    for row in measure(target, draft, points, args.prompt_len, args.max_tokens):
+    for row in measure(target, drafts, points, args.prompt_len, args.max_tokens):
         rows.append(row)
         print(format_row(row), flush=True)
         if args.json is not None:  # after every row: a run cut short keeps what it measured

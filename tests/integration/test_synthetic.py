@@ -11,12 +11,16 @@ from specserve.bench.lossless import ReferenceDecoder, first_divergence
 from specserve.bench.synthetic import (
     Point,
     build,
+    check_draft_steps,
+    draft_step_ms,
+    drafts_of,
     lockstep,
     main,
     measure,
     near_tie_partings,
     target_only_continuations,
 )
+from specserve.models.step_graphs import StepGraphs
 from target_service.worker import TargetWorker
 
 
@@ -52,14 +56,38 @@ def test_a_predictable_target_continues_with_successors_that_bfloat16_passes_agr
 
 
 def test_measure_and_the_command(workers: tuple, capsys: pytest.CaptureFixture[str]) -> None:
-    target, draft = workers
-    rows = list(measure(target, draft, [Point(0.9, 2, 1), Point(0.9, 2, 3)], prompt_len=8, max_tokens=16))
-    assert [(r["concurrency"], r["k"]) for r in rows] == [(1, 0), (1, 2), (3, 0), (3, 2)]
+    target, _ = workers
+    drafts = drafts_of(build("tiny-draft", torch.device("cpu"), torch.float32, 2), ["slots", "growing"])
+    points = [Point(0.9, 2, 1), Point(0.9, 2, 3), Point(0.9, 2, 3, "growing")]
+    rows = list(measure(target, drafts, points, prompt_len=8, max_tokens=16))
+    assert [(r["concurrency"], r["k"], r.get("draft_cache")) for r in rows] == [
+        (1, 0, None), (1, 2, "slots"), (3, 0, None), (3, 2, "slots"), (3, 2, "growing")
+    ]  # fmt: skip
     assert all(r["identical_to_target_only"] == r["concurrency"] for r in rows if r["k"])
+    assert 0 < draft_step_ms(drafts["slots"], 3, prompt_len=8) and len(drafts["slots"].sessions) == 0
     args = ["--target", "tiny", "--draft", "tiny-draft", "--device", "cpu", "--dtype", "float32", "--alphas", "0.8",
-            "--ks", "2", "--concurrency", "2", "--prompt-len", "8", "--max-tokens", "8"]  # fmt: skip
+            "--ks", "2", "--concurrency", "2", "--prompt-len", "8", "--max-tokens", "8",
+            "--draft-caches", "slots", "growing", "--compare-k", "3", "--step-times", "2",
+            "--check-draft-steps", "3"]  # fmt: skip
     assert main(args) == 0
-    assert "| 2 | 0.80 | 2 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| 2 | 0.80 | 2 | slots |" in out and "| 2 | 0.80 | 3 | growing |" in out
+    assert "draft step ms at batch 2: slots " in out
+    assert "draft step check: graphed_vs_eager 0, " in out  # no CUDA here: the same eager pass twice
+
+
+def test_the_draft_step_check_finds_steps_that_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = build("tiny-draft", torch.device("cpu"), torch.float32, 2)
+    check = check_draft_steps(loaded, batch=3, prompt_len=10)
+    assert check["slots_vs_growing"] < 1e-4 * check["logit_rms"] and check["argmax_agreement"] == 1.0
+    forward = StepGraphs._forward
+
+    def off_by_one_position(self, input_ids, slots, positions, length):  # a step that attends one position short
+        return forward(self, input_ids, slots, positions - 1, length)
+
+    monkeypatch.setattr(StepGraphs, "_forward", off_by_one_position)
+    broken = check_draft_steps(loaded, batch=3, prompt_len=10)
+    assert broken["slots_vs_growing"] > 10 * check["slots_vs_growing"] + 1e-3
 
 
 def test_an_output_parting_from_target_only_is_checked_for_a_near_tie(workers: tuple) -> None:
