@@ -266,6 +266,11 @@ class AdaptiveK:
     there so far slower than the k chosen instead (_note_cut_short)."""
     _since: dict[int, float] = field(default_factory=dict)
     """bucket: when the replica first decided at that batch size."""
+    _served_at: dict[int, float] = field(default_factory=dict)
+    """bucket: serving seconds spent at that batch size. Not the time since it was first seen: between two
+    load turns the sessions of both are counted for a moment, and 16 sessions seen so during the 8-client
+    turns made a k missing at 16 due on the 16-client load's first decisions (k = 1, then k = 4, every draft
+    catching up each time)."""
     _exploration: Exploration | None = None
     _quiet_until: dict[int, float] = field(default_factory=dict)
     """bucket: nothing but a missing target-only figure is explored there before this time."""
@@ -373,9 +378,9 @@ class AdaptiveK:
             self.accepted_at[i] = ACCEPTANCE_DECAY * self.accepted_at[i] + (i < num_accepted)
 
     def choose(self, batch_size: int, now: float) -> int:
-        self._count_time(now)
+        bucket = batch_bucket(batch_size)
+        self._count_time(bucket, now)
         if now - self._decided_at >= self.period_s and self._settled(batch_size, now):
-            bucket = batch_bucket(batch_size)
             k = self._decide(bucket, batch_size, now)
             if k != self._k:
                 self._settled_at, self._fresh = now + self._last_round_s, 0
@@ -448,11 +453,12 @@ class AdaptiveK:
         round_time = self.times.get((bucket, k))
         return round_time.seconds if round_time is not None and round_time.trusted else None
 
-    def _count_time(self, now: float) -> None:
-        """Serving time (gaps over 5 s are idle) and the part of it spent exploring."""
+    def _count_time(self, bucket: int, now: float) -> None:
+        """Serving time (gaps over 5 s are idle), per batch size too, and the part of it spent exploring."""
         gap = now - self._seen_at
         serving = gap if 0.0 <= gap <= 5.0 else 0.0
         self._serving_s += serving
+        self._served_at[bucket] = self._served_at.get(bucket, 0.0) + serving
         if self._exploration is not None:
             self._exploration.serving_s += serving
         self._seen_at = now
@@ -507,6 +513,7 @@ class AdaptiveK:
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
         # step at a time (k = 1 to 4 at one client) then takes seconds, not a minute of rationed steps.
         self._end_exploration(won=explored == best, now=now)
+        quiet = now < self._quiet_until.get(bucket, -math.inf)  # a loss just now counts: explore nothing else yet
         budget = self.explore_fraction * self._serving_s
         if budget <= 0.0:
             return best
@@ -621,8 +628,8 @@ class AdaptiveK:
         not: a larger batch leaves speculation less to gain, and its first measurements at 8 and 16 clients
         cost 11-19% of a 60 s window at a mean k under 0.05 (at 16 clients, after k = 5 had tied target-only
         at 8, a first k = 1 cost 0.92x target-only at a mean k of 0.0). A k > 0 missing here whose figure borrowed from
-        another batch size is more than a quarter slower waits four periods from the batch size's first
-        decision, as a stale slow one does: at 16 clients k = 1, borrowed at 0.55x target-only, was explored
+        another batch size is more than a quarter slower waits four periods of serving at this batch size
+        (_served_at), as a stale slow one does: at 16 clients k = 1, borrowed at 0.55x target-only, was explored
         at once, every draft catching up on its session's context first (0.93x target-only over the window
         at a mean k of 0.2)."""
         lost_below = k > 0 and self._speculation_lost_below(bucket)
@@ -631,7 +638,7 @@ class AdaptiveK:
         if measured_at == -math.inf:
             if not lost_below and not (k > 0 and slower):
                 return True
-            return now - self._since[bucket] > self.refresh_s * (MAX_BACKOFF if lost_below else 4)
+            return self._served_at.get(bucket, 0.0) > self.refresh_s * (MAX_BACKOFF if lost_below else 4)
         losses = self._losses.get((bucket, k), 0) if k > 0 else 0
         periods = MAX_BACKOFF if lost_below else min(MAX_BACKOFF, (4 if slower else 1) * 2**losses)
         return now - measured_at > self.refresh_s * periods

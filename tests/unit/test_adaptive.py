@@ -394,7 +394,7 @@ def test_where_target_only_won_at_a_smaller_batch_a_larger_one_rarely_measures_s
     _run(policy, HEAVY, batch_size=4, duration_s=300)
     assert policy.k == 0 and (batch_bucket(4), 1) in policy.times  # target-only beat k = 1 at 4 sessions
     assert set(_run(policy, HEAVY, batch_size=16, duration_s=400, start=300)) == {0}
-    # Measured again MAX_BACKOFF refresh periods (480 s) after 16 sessions were first seen, and once leaving
+    # Measured again after MAX_BACKOFF refresh periods (480 s) of serving 16 sessions, and once leaving
     # target-only for 16 sessions is priced (at 4 sessions, 0.26 s per session lost: 820 s at a share of 0.5%)
     later = _run(policy, HEAVY, batch_size=16, duration_s=600, start=700)
     assert set(later) != {0}
@@ -643,8 +643,9 @@ def test_a_missing_k_borrowed_far_slower_waits_like_a_stale_slow_one() -> None:
     whose borrowed figure is more than a quarter slower than the best waits four periods; target-only, which
     speculation must beat, and a close one are measured at once."""
     policy, bucket = AdaptiveK(8), batch_bucket(16)
-    policy._since[bucket] = 0.0
+    policy._served_at[bucket] = 10.0
     assert not policy._due(bucket, 1, best_rate=3.0, estimate=1.6, now=10.0)
+    policy._served_at[bucket] = 4 * policy.refresh_s + 1.0
     assert policy._due(bucket, 1, best_rate=3.0, estimate=1.6, now=4 * policy.refresh_s + 1.0)
     assert policy._due(bucket, 1, best_rate=3.0, estimate=2.5, now=10.0)
     assert policy._due(bucket, 1, best_rate=3.0, estimate=None, now=10.0)
@@ -699,3 +700,38 @@ def test_leaving_target_only_for_a_k_cut_short_slower_here_waits_as_well() -> No
     assert policy.estimate(bucket, 3) == pytest.approx(1.2 * 1.25)  # borrowed from 8 sessions
     assert policy.choose(16, now=100.0) == 0
     assert policy.choose(16, now=60.0 + 2 * policy.refresh_s + 1.0) == 3 and policy._exploration is not None
+
+
+def test_after_an_exploration_that_lost_nothing_else_is_explored_until_the_quiet_time_is_over() -> None:
+    """The decision that ends a losing exploration starts the batch size's quiet time at once: before, it
+    read the quiet time from before the loss, so a second stale k was explored straight after the first,
+    every draft catching up again at 16 clients."""
+    policy, bucket = AdaptiveK(8, prior_weight=0.0), batch_bucket(16)
+    for _ in range(48):  # every draft accepted: k = 2 1.3x target-only's 1.25 tokens/s a session, k = 1 1.2x,
+        policy.observe(16, 0, 0, 0.8, now=0.0)  # k = 3 0.8x (stale only after four refresh periods)
+        policy.observe(16, 1, 1, 2 / (1.2 * 1.25), now=0.0)
+        policy.observe(16, 2, 2, 3 / (1.3 * 1.25), now=0.0)
+        policy.observe(16, 3, 3, 4 / (0.8 * 1.25), now=0.0)
+    policy._k = policy._chosen = 2
+    policy._serving_s = 100.0
+    assert policy.choose(16, now=40.0) == 0 and policy._exploration is not None  # stale: target-only first
+    for _ in range(48):  # target-only measured again, as before
+        policy.observe(16, 0, 0, 0.8, now=46.0)
+    policy._exploration.started_at = 37.0  # ten seconds at 1.25 against k = 2's 1.63 tokens/s: 2.3 s lost
+    assert policy.choose(16, now=47.0) == 2  # k = 1 is stale too, but the batch size is quiet now
+    assert policy._quiet_until[bucket] == pytest.approx(47.0 + 2.3 / policy.explore_cost_share, rel=0.01)
+    assert policy.choose(16, now=60.0) == 2 and policy._exploration is None
+
+
+def test_a_batch_size_seen_for_a_moment_long_ago_has_not_waited_since() -> None:
+    """A k missing at a batch size waits refresh periods of serving there, not of time since the batch size
+    was first seen: between two load turns the sessions of both count for a moment (16 during the 8-client
+    turns), and the 16-client load then explored k = 1 and k = 4 on its first decisions."""
+    policy = AdaptiveK(8)
+    _run(policy, CROWDED, batch_size=8, duration_s=300)
+    assert policy.k == 0  # speculation lost at 8 sessions
+    policy.choose(16, now=302.0)  # a turn boundary: 16 sessions for a moment, and a decision among them
+    assert batch_bucket(16) in policy._since
+    _run(policy, CROWDED, batch_size=8, duration_s=600, start=302.5)
+    ks = _run(policy, CROWDED, batch_size=16, duration_s=120, start=900.0)
+    assert set(ks[ks.index(0) :]) == {0}  # once the 8 sessions' exploration under way is over: target-only
