@@ -266,9 +266,9 @@ class AdaptiveK:
     there so far slower than the k chosen instead (_note_cut_short)."""
     _since: dict[int, float] = field(default_factory=dict)
     """bucket: when the replica first decided at that batch size."""
-    _served_at: dict[int, float] = field(default_factory=dict)
+    _served_s: dict[int, float] = field(default_factory=dict)
     """bucket: serving seconds spent at that batch size. Not the time since it was first seen: between two
-    load turns the sessions of both are counted for a moment, and 16 sessions seen so during the 8-client
+    load turns the sessions of both are counted for a moment, and 16 sessions most likely seen so in the 8-client
     turns made a k missing at 16 due on the 16-client load's first decisions (k = 1, then k = 4, every draft
     catching up each time)."""
     _exploration: Exploration | None = None
@@ -458,7 +458,7 @@ class AdaptiveK:
         gap = now - self._seen_at
         serving = gap if 0.0 <= gap <= 5.0 else 0.0
         self._serving_s += serving
-        self._served_at[bucket] = self._served_at.get(bucket, 0.0) + serving
+        self._served_s[bucket] = self._served_s.get(bucket, 0.0) + serving
         if self._exploration is not None:
             self._exploration.serving_s += serving
         self._seen_at = now
@@ -629,7 +629,7 @@ class AdaptiveK:
         cost 11-19% of a 60 s window at a mean k under 0.05 (at 16 clients, after k = 5 had tied target-only
         at 8, a first k = 1 cost 0.92x target-only at a mean k of 0.0). A k > 0 missing here whose figure borrowed from
         another batch size is more than a quarter slower waits four periods of serving at this batch size
-        (_served_at), as a stale slow one does: at 16 clients k = 1, borrowed at 0.55x target-only, was explored
+        (_served_s), as a stale slow one does: at 16 clients k = 1, borrowed at 0.55x target-only, was explored
         at once, every draft catching up on its session's context first (0.93x target-only over the window
         at a mean k of 0.2)."""
         lost_below = k > 0 and self._speculation_lost_below(bucket)
@@ -638,7 +638,7 @@ class AdaptiveK:
         if measured_at == -math.inf:
             if not lost_below and not (k > 0 and slower):
                 return True
-            return self._served_at.get(bucket, 0.0) > self.refresh_s * (MAX_BACKOFF if lost_below else 4)
+            return self._served_s.get(bucket, 0.0) > self.refresh_s * (MAX_BACKOFF if lost_below else 4)
         losses = self._losses.get((bucket, k), 0) if k > 0 else 0
         periods = MAX_BACKOFF if lost_below else min(MAX_BACKOFF, (4 if slower else 1) * 2**losses)
         return now - measured_at > self.refresh_s * periods

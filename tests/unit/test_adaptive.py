@@ -643,9 +643,9 @@ def test_a_missing_k_borrowed_far_slower_waits_like_a_stale_slow_one() -> None:
     whose borrowed figure is more than a quarter slower than the best waits four periods; target-only, which
     speculation must beat, and a close one are measured at once."""
     policy, bucket = AdaptiveK(8), batch_bucket(16)
-    policy._served_at[bucket] = 10.0
+    policy._served_s[bucket] = 10.0
     assert not policy._due(bucket, 1, best_rate=3.0, estimate=1.6, now=10.0)
-    policy._served_at[bucket] = 4 * policy.refresh_s + 1.0
+    policy._served_s[bucket] = 4 * policy.refresh_s + 1.0
     assert policy._due(bucket, 1, best_rate=3.0, estimate=1.6, now=4 * policy.refresh_s + 1.0)
     assert policy._due(bucket, 1, best_rate=3.0, estimate=2.5, now=10.0)
     assert policy._due(bucket, 1, best_rate=3.0, estimate=None, now=10.0)
