@@ -268,9 +268,9 @@ class AdaptiveK:
     """bucket: when the replica first decided at that batch size."""
     _served_s: dict[int, float] = field(default_factory=dict)
     """bucket: serving seconds spent at that batch size. Not the time since it was first seen: between two
-    load turns the sessions of both are counted for a moment, and 16 sessions most likely seen so in the 8-client
-    turns made a k missing at 16 due on the 16-client load's first decisions (k = 1, then k = 4, every draft
-    catching up each time)."""
+    load turns the sessions of both are counted for a moment, and 16 sessions most likely seen so in the
+    8-client turns made a k missing at 16 due on the 16-client load's first decisions (k = 1, then k = 4,
+    every draft catching up each time)."""
     _exploration: Exploration | None = None
     _quiet_until: dict[int, float] = field(default_factory=dict)
     """bucket: nothing but a missing target-only figure is explored there before this time."""
@@ -482,7 +482,7 @@ class AdaptiveK:
             # Speculation has to beat target-only by the margin: within the noise the cheaper k = 0 wins, as
             # never slower than target-only asks (at 4 clients k = 1..3, each about as fast, kept it 9% slower)
             best = 0
-        quiet = now < self._quiet_until.get(bucket, -math.inf)
+        quiet = self._quiet(bucket, now)
         held = now < self._leaving_allowed_at(bucket, batch_size)
         if explored is None and self._k == 0 and best > 0:
             # Leaving target-only on figures measured before (k = 0's drifting below another's old, lucky one:
@@ -513,7 +513,7 @@ class AdaptiveK:
         # A losing exploration is charged to the budget, a winning one is not: climbing a slope of k one
         # step at a time (k = 1 to 4 at one client) then takes seconds, not a minute of rationed steps.
         self._end_exploration(won=explored == best, now=now)
-        quiet = now < self._quiet_until.get(bucket, -math.inf)  # a loss just now counts: explore nothing else yet
+        quiet = self._quiet(bucket, now)  # again: a loss just ended quiets the batch size from now on
         budget = self.explore_fraction * self._serving_s
         if budget <= 0.0:
             return best
@@ -546,6 +546,10 @@ class AdaptiveK:
             self._left_at[bucket] = now
         self._exploration = Exploration(bucket, self._pace_here(bucket, known, best), now, batch_size)
         return explored
+
+    def _quiet(self, bucket: int, now: float) -> bool:
+        """Whether the batch size explores nothing but a missing target-only figure now (_end_exploration)."""
+        return now < self._quiet_until.get(bucket, -math.inf)
 
     def _pace_here(self, bucket: int, known: dict[int, float], best: int) -> float:
         """What an exploration's tokens are held against: the best k's pace measured at this batch size, else
