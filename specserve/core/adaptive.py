@@ -628,23 +628,28 @@ class AdaptiveK:
         A figure an exploration left untrusted and slower (_note_cut_short) is stale as if measured then.
 
         Where a smaller batch size measured speculation and kept choosing target-only for a refresh period
-        (_speculation_lost_below), speculation is measured here only every MAX_BACKOFF periods, missing or
-        not: a larger batch leaves speculation less to gain, and its first measurements at 8 and 16 clients
-        cost 11-19% of a 60 s window at a mean k under 0.05 (at 16 clients, after k = 5 had tied target-only
-        at 8, a first k = 1 cost 0.92x target-only at a mean k of 0.0). A k > 0 missing here whose figure borrowed from
+        (_speculation_lost_below), speculation is measured here only every period of serving per session of
+        the batch (up to MAX_BACKOFF periods), missing or not: a larger batch tends to leave speculation less
+        to gain, and an exploration from target-only costs more the more sessions' drafts catch up first; its
+        first measurements at 8 and 16 clients cost 11-19% of a 60 s window at a mean k under 0.05 (at 16
+        clients, after k = 5 had tied target-only at 8, a first k = 1 cost 0.92x target-only at a mean k of
+        0.0). Not MAX_BACKOFF periods at every size: on this host speculation gained more at 4 clients than
+        at 2 (k = 4 1.59x against 1.11x target-only), and after 2 clients chose target-only, 4 clients
+        served target-only through all of a sweep's four turns. A k > 0 missing here whose figure borrowed from
         another batch size is more than a quarter slower waits four periods of serving at this batch size
         (_served_s), as a stale slow one does: at 16 clients k = 1, borrowed at 0.55x target-only, was explored
         at once, every draft catching up on its session's context first (0.93x target-only over the window
         at a mean k of 0.2)."""
         lost_below = k > 0 and self._speculation_lost_below(bucket)
+        lost_below_periods = min(MAX_BACKOFF, bucket_batch_size(bucket))  # one a session
         slower = estimate is not None and estimate < 0.75 * best_rate
         measured_at = self._cut_short_at[bucket, k] if self._cut_short(bucket, k) else self._updated_at(bucket, k)
         if measured_at == -math.inf:
             if not lost_below and not (k > 0 and slower):
                 return True
-            return self._served_s.get(bucket, 0.0) > self.refresh_s * (MAX_BACKOFF if lost_below else 4)
+            return self._served_s.get(bucket, 0.0) > self.refresh_s * (lost_below_periods if lost_below else 4)
         losses = self._losses.get((bucket, k), 0) if k > 0 else 0
-        periods = MAX_BACKOFF if lost_below else min(MAX_BACKOFF, (4 if slower else 1) * 2**losses)
+        periods = lost_below_periods if lost_below else min(MAX_BACKOFF, (4 if slower else 1) * 2**losses)
         return now - measured_at > self.refresh_s * periods
 
     def _speculation_lost_below(self, bucket: int) -> bool:

@@ -400,6 +400,20 @@ def test_where_target_only_won_at_a_smaller_batch_a_larger_one_rarely_measures_s
     assert set(later) != {0}
 
 
+def test_where_target_only_won_at_a_small_batch_the_next_waits_a_period_a_session_to_measure_speculation() -> None:
+    """Speculation can gain more at 4 clients than at 2 (on two shared cores, k = 4 served 1.59x at 4
+    clients against 1.11x at 2): after 2 clients chose target-only, 4 clients measure speculation after four
+    refresh periods of serving at 4 sessions, not MAX_BACKOFF."""
+    policy = AdaptiveK(8)
+    _run(policy, HEAVY, batch_size=2, duration_s=300)
+    assert policy.k == 0 and (batch_bucket(2), 1) in policy.times  # target-only beat speculation at 2 sessions
+    ks = _run(policy, LIGHT, batch_size=4, duration_s=600, start=300)
+    started = list(itertools.accumulate((LIGHT[k] for k in ks), initial=300.0))
+    first_speculating = next(started[i] for i, k in enumerate(ks) if k > 0)
+    assert 3.9 * policy.refresh_s <= first_speculating - 300.0 <= 5 * policy.refresh_s
+    assert _share(ks[ks.index(next(k for k in ks if k > 0)) :], set(range(1, 9))) > 0.9
+
+
 def test_where_speculation_only_tied_at_a_smaller_batch_a_larger_one_rarely_measures_it() -> None:
     """Speculation within the target-only margin at 8 sessions is not chosen there, and a larger batch leaves
     it less to gain: at 16 clients a first k = 1 made every draft catch up on its context (8 s of the 60 s
