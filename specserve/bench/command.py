@@ -20,11 +20,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fp32-draft", action="store_true", help="skip the modes with a float32 draft")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face assisted-generation peer")
     parser.add_argument(
-        "--no-hf-plain", action="store_true",
-        help="skip the peer on a target as transformers ships it (no prepacked weights, SDPA attention)"
+        "--no-hf-plain",
+        action="store_true",
+        help="skip the peer on a target as transformers ships it (no prepacked weights, SDPA attention)",
     )
     parser.add_argument("--baseline-dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPES))
     parser.add_argument("--served", action="store_true", help="also measure the served stack over gRPC")
+    parser.add_argument(
+        "--no-in-process", action="store_true", help="with --served or --address: skip specserve's in-process "
+        "modes; the target here is loaded only as transformers ships it, for the peer (one copy of the target fewer)",
+    )  # fmt: skip
     parser.add_argument("--address", help="also measure a running orchestrator at HOST:PORT (same models)")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
     parser.add_argument(
@@ -84,7 +89,7 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
         target=args.target, draft=args.draft, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
         ks=tuple(args.ks), target_dtype=args.target_dtype, draft_quantization=args.draft_quantization,
         baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_plain_target=not args.no_hf_plain,
-        hf_fp32_draft=not args.no_fp32_draft,
+        hf_fp32_draft=not args.no_fp32_draft, in_process=not args.no_in_process,
         served=args.served, address=args.address, stop_threshold=args.confidence_threshold if args.early_stop else 0.0,
     )  # fmt: skip
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

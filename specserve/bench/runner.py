@@ -54,6 +54,10 @@ class BenchConfig:
     quantized draft)."""
     hf_fp32_draft: bool = True
     """Also run the peer and specserve with an unquantized float32 draft, in case it is faster."""
+    in_process: bool = True
+    """Run specserve's modes in this process too. Without them (with `served` or `address`), the target here
+    is loaded only as transformers ships it, for the peer and the output checks: one copy of the target
+    fewer, so that on a small host the peer as shipped fits beside the served stack."""
     served: bool = False
     """Also run the served stack (draft and target services in child processes, orchestrators here),
     pipelined and not, with the same models."""
@@ -69,6 +73,8 @@ class BenchConfig:
             raise ValueError(f"ks must be >= 1, got {self.ks}")
         if not 0.0 <= self.stop_threshold < 1.0:
             raise ValueError(f"stop_threshold must be in [0, 1), got {self.stop_threshold}")
+        if not self.in_process and not (self.served or self.address):
+            raise ValueError("without the in-process modes the bench needs the served stack or an address")
 
 
 @dataclass(slots=True)
@@ -145,10 +151,17 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
             from specserve.bench.served import ServedStack
 
             served = stack.enter_context(ServedStack(target_config, draft_config))
-        target, draft = load_model(target_config, home), load_model(draft_config, home)
+        if cfg.in_process:
+            target = load_model(target_config, home)
+        else:  # the served stack holds specserve's target; the peer gets the one transformers ships
+            target = load_model(_as_shipped(cfg), home)
+        draft = load_model(draft_config, home)
         texts = humaneval_prompts(cfg.num_prompts)
         prompts = [Prompt(t, target.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-        modes = _modes(cfg, target, draft, home)
+        if cfg.in_process:
+            modes = _modes(cfg, target, draft, home)
+        else:
+            modes = _peer_modes(cfg, [(target, " plain")], draft) if cfg.hf else []
         if cfg.served:
             from orchestrator.service import OrchestratorConfig
             from specserve.bench.served import PIPELINED, SERVED_MODE_SUFFIXES
@@ -196,7 +209,11 @@ def _modes(
             mode = ModeResult(f"specserve k={k}+stop", "speculative", k, stop_settings)
             modes.append((mode, _ours(stopping, k, cfg)))
     if cfg.hf:
-        modes += _peer_modes(cfg, target, draft, home)
+        targets = [(target, "")]
+        packed = any(isinstance(m, PackedLinear) for m in target.model.modules())
+        if cfg.hf_plain_target and (packed or target.model.config._attn_implementation == ATTENTION):
+            targets.append((load_model(_as_shipped(cfg), home), " plain"))
+        modes += _peer_modes(cfg, targets, draft)
     if cfg.hf_fp32_draft:
         fp32_draft = load_model(ModelConfig(cfg.draft, dtype="float32", quantization="none"), home)
         fp32 = f"target {_dtype(target)}, draft {_dtype(fp32_draft)}"
@@ -208,16 +225,16 @@ def _modes(
     return modes
 
 
+def _as_shipped(cfg: BenchConfig) -> ModelConfig:
+    """The target as transformers ships it: no prepacked weights, no few-query attention."""
+    return ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False, few_query_attention=False)
+
+
 def _peer_modes(
-    cfg: BenchConfig, target: LoadedModel, draft: LoadedModel, home: Path | None
+    cfg: BenchConfig, targets: list[tuple[LoadedModel, str]], draft: LoadedModel
 ) -> list[tuple[ModeResult, Runner]]:
-    """HF's target-only, assisted generation at each constant k and at its defaults; all again on a target
-    loaded as transformers ships it, when ours has prepacked weights or few-query attention."""
-    targets = [(target, "")]
-    packed = any(isinstance(m, PackedLinear) for m in target.model.modules())
-    if cfg.hf_plain_target and (packed or target.model.config._attn_implementation == ATTENTION):
-        as_shipped = ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False, few_query_attention=False)
-        targets.append((load_model(as_shipped, home), " plain"))
+    """On each target (suffix " plain": as transformers ships it), HF's target-only and assisted generation at
+    each constant k and at its defaults."""
     modes: list[tuple[ModeResult, Runner]] = []
     for model, suffix in targets:
         weights = f"target {_dtype(model)}" + (", plain weights, SDPA" if suffix else "")
@@ -251,10 +268,14 @@ def _dtype(loaded: LoadedModel) -> str:
 
 
 def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], modes: list[ModeResult]) -> dict:
-    baselines = [m for m in modes if m.kind == "target-only"]  # HF's generate() too: the fastest setting counts
+    # HF's generate() and the served stack's k=0 too: the fastest target-only setting counts
+    baselines = [m for m in modes if m.kind == "target-only" or (m.kind == "served" and m.k == 0)]
     fastest = max(baselines, key=lambda m: m.tokens_per_second)
     ours = [m for m in baselines if m.name.startswith("target-only")]
-    reference = next(m for m in ours if m.settings == f"target {_dtype(target)}")
+    # without in-process modes, the served target-only is specserve's
+    reference = next((m for m in ours if m.settings == f"target {_dtype(target)}"), None) or next(
+        m for m in modes if m.name == "served target-only"
+    )
     target_step = reference.stats.target_s / max(1, reference.stats.num_rounds)  # one target pass over 1 token
     decoder = ReferenceDecoder(target)  # shared: modes departing on the same prompt share its decode
     rows = []

@@ -94,3 +94,25 @@ def test_the_served_bench_measures_the_server_s_default_adaptive_k() -> None:
     assert "adaptive k <= 8" in adaptive["settings"] and adaptive["identical_to_target_only"] == "1/1"
     assert 0 < adaptive["mean_window"] <= 8 and adaptive["theoretical_speedup"] > 0
     assert rows["served k=2"]["mean_window"] <= 2
+
+
+def test_without_in_process_modes_the_served_stack_meets_the_peer_as_transformers_ships_it() -> None:
+    cfg = BenchConfig(
+        target="tiny", draft="tiny-draft", num_prompts=1, max_tokens=16, ks=(2,), baseline_dtypes=("float32",),
+        draft_quantization="none", hf=True, hf_ks=(2,), hf_fp32_draft=False, served=True, in_process=False,
+    )  # fmt: skip
+    summary = run_bench(cfg)
+    rows = {row["mode"]: row for row in summary["modes"]}
+    peer = ["hf target-only plain", "hf assisted k=2 plain", "hf assisted default plain"]
+    assert list(rows)[:3] == peer and not any(name.startswith(("target-only", "specserve")) for name in rows)
+    assert all("plain weights, SDPA" in rows[name]["settings"] for name in peer)
+    assert rows["served adaptive"]["theoretical_speedup"] > 0  # priced against the served target-only's step
+    for name in [*peer, "served adaptive", "served k=2"]:  # every output checked against the served target-only
+        assert all(departure["near_tie"] for departure in rows[name]["divergences"]), name
+    fastest = max(["served target-only", "hf target-only plain"], key=lambda name: rows[name]["tokens_per_second"])
+    assert summary["baseline"] == fastest and rows[fastest]["speedup_vs_target"] == 1.0
+
+
+def test_without_in_process_modes_the_bench_needs_a_served_stack() -> None:
+    with pytest.raises(ValueError, match="served stack or an address"):
+        BenchConfig(target="tiny", draft="tiny-draft", in_process=False)
