@@ -26,6 +26,7 @@ from specserve.rpc import MAX_MESSAGE_BYTES, OverloadedError
 from specserve.security import TLSConfig
 
 logger = logging.getLogger(__name__)
+REQUEST_ID = web.RequestKey("request_id", str)
 
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -79,7 +80,7 @@ class HttpApi:
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Request id, authentication, and every error in OpenAI's shape."""
         request_id = bind_request_id(request.headers.get("X-Request-Id"))
-        request["request_id"] = request_id
+        request[REQUEST_ID] = request_id
         try:
             self._authenticate(request)
             response = await handler(request)
@@ -158,7 +159,7 @@ class HttpApi:
         if isinstance(body, dict):
             self._check_model(body.get("model"))
         parsed = parse(body, chat, self._room)
-        shape = Shape.of(http_request["request_id"], self.model_id, chat)
+        shape = Shape.of(http_request[REQUEST_ID], self.model_id, chat)
         chunks = self.orchestrator.generate(parsed.request, "http")
         async with contextlib.aclosing(chunks):
             if not parsed.stream:
@@ -174,7 +175,7 @@ class HttpApi:
         self, http_request: web.Request, parsed: ParsedRequest, shape: Shape, first: Chunk, rest: AsyncIterator[Chunk]
     ) -> web.StreamResponse:
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        response = web.StreamResponse(headers=headers | {"X-Request-Id": http_request["request_id"]})
+        response = web.StreamResponse(headers=headers | {"X-Request-Id": http_request[REQUEST_ID]})
         await response.prepare(http_request)
         if parsed.chat:
             await _send(response, shape.chunk(None))
