@@ -272,9 +272,9 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
     baselines = [m for m in modes if m.kind == "target-only" or (m.kind == "served" and m.k == 0)]
     fastest = max(baselines, key=lambda m: m.tokens_per_second)
     ours = [m for m in baselines if m.name.startswith("target-only")]
-    # without in-process modes, the served target-only is specserve's
+    # without in-process modes, the served (or remote) target-only is specserve's
     reference = next((m for m in ours if m.settings == f"target {_dtype(target)}"), None) or next(
-        m for m in modes if m.name == "served target-only"
+        m for m in baselines if m.kind == "served"
     )
     target_step = reference.stats.target_s / max(1, reference.stats.num_rounds)  # one target pass over 1 token
     decoder = ReferenceDecoder(target)  # shared: modes departing on the same prompt share its decode

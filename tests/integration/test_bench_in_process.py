@@ -17,6 +17,7 @@ import torch
 from specserve.bench.report import machine
 from specserve.bench.runner import BenchConfig, run_bench
 from specserve.models.packing import packing_supported
+from tests.stack import LocalStack
 
 
 def test_the_in_process_bench_with_the_early_stop_modes() -> None:
@@ -116,3 +117,15 @@ def test_without_in_process_modes_the_served_stack_meets_the_peer_as_transformer
 def test_without_in_process_modes_the_bench_needs_a_served_stack() -> None:
     with pytest.raises(ValueError, match="served stack or an address"):
         BenchConfig(target="tiny", draft="tiny-draft", in_process=False)
+
+
+def test_without_in_process_modes_a_running_orchestrator_is_the_reference() -> None:
+    with LocalStack() as stack:
+        cfg = BenchConfig(
+            target="tiny", draft="tiny-draft", num_prompts=1, max_tokens=12, ks=(2,), baseline_dtypes=("float32",),
+            draft_quantization="none", hf=False, hf_fp32_draft=False, address=stack.address, in_process=False,
+        )  # fmt: skip
+        summary = run_bench(cfg)
+    rows = {row["mode"]: row for row in summary["modes"]}
+    assert list(rows) == ["remote target-only", "remote k=2"]
+    assert summary["baseline"] == "remote target-only" and rows["remote k=2"]["theoretical_speedup"] > 0
