@@ -151,10 +151,8 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
             from specserve.bench.served import ServedStack
 
             served = stack.enter_context(ServedStack(target_config, draft_config))
-        if cfg.in_process:
-            target = load_model(target_config, home)
-        else:  # the served stack holds specserve's target; the peer gets the one transformers ships
-            target = load_model(_as_shipped(cfg), home)
+        # without in-process modes the served stack holds specserve's target; the peer gets the one transformers ships
+        target = load_model(target_config if cfg.in_process else _as_shipped(cfg), home)
         draft = load_model(draft_config, home)
         texts = humaneval_prompts(cfg.num_prompts)
         prompts = [Prompt(t, target.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
