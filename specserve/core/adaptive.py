@@ -239,6 +239,13 @@ class AdaptiveK:
     target-only, and a gain under 5% forgone costs less than a loss taken. It was 10% while target-only's
     figure left out prefills and speculation's did not (observe); with both alike, the 11% that k = 4 gains
     at 8 clients measured 9-12% in the policy's figures, and flipped around a 10% margin."""
+    lead_share_cap: float = 0.02
+    """At target-only, where speculation last measured faster here (by less than the margins that leave), k
+    is measured again once the gain that lead would have given since the last departure pays for the drafts'
+    catch-up, the lead counted up to this share: a wrong lead then costs at most about this share of the
+    time serving (the 0.98x target-only that issue 5 allows), and a right one is not forgone for minutes.
+    At 4 clients and T = 0.7 here target-only was chosen on k = 6 reading 4.5% faster, and the catch-up
+    priced at `explore_cost_share` held it there for the remaining five minutes of the sweep's turns."""
     prior_acceptance: float = 0.7
     prior_weight: float = 2.0
     times: dict[tuple[int, int], RoundTime] = field(default_factory=dict)
@@ -483,7 +490,7 @@ class AdaptiveK:
             # never slower than target-only asks (at 4 clients k = 1..3, each about as fast, kept it 9% slower)
             best = 0
         quiet = self._quiet(bucket, now)
-        held = now < self._leaving_allowed_at(bucket, batch_size)
+        held = now < self._leaving_allowed_at(bucket, batch_size, self._speculation_lead(bucket, known))
         if explored is None and self._k == 0 and best > 0:
             # Leaving target-only on figures measured before (k = 0's drifting below another's old, lucky one:
             # at 4 clients it switched back and forth; or another batch size's, the batch growing and shrinking
@@ -562,22 +569,33 @@ class AdaptiveK:
                 return known[k]
         return 0.0
 
-    def _leaving_allowed_at(self, bucket: int, batch_size: int) -> float:
+    def _speculation_lead(self, bucket: int, known: dict[int, float]) -> float:
+        """How much faster than target-only the fastest k > 0 measured at this batch size reads (a share; 0
+        where none reads faster, or either is missing here). Not from figures borrowed from another batch
+        size: one client's 2.3x scaled to 16 clients would make every departure look worth its catch-up."""
+        if self._seconds(bucket, 0) is None:
+            return 0.0
+        measured = [rate for k, rate in known.items() if k > 0 and self._seconds(bucket, k) is not None]
+        return max(0.0, max(measured, default=0.0) / known[0] - 1.0)
+
+    def _leaving_allowed_at(self, bucket: int, batch_size: int, lead: float) -> float:
         """Before this time a batch size at target-only does not leave it, to measure a k again or for one
         measured faster (a k never measured there still is): until what leaving would cost now is
-        `explore_cost_share` of the time since it last left target-only (or was first seen). What leaving
-        costs: every session's draft catching up on the context tokens it lacks, at a draft prefill's seconds
-        per token. At 16 clients after 30 s at k = 0 a re-measurement of k = 4 and 5 cost 0.92x target-only
-        over the window, the catch-up unseen in the round times; priced per session by what the last
-        departure lost, the first departure at 16 clients had been let through by one at 8 whose drafts
-        lacked nothing. Holding back first measurements as well kept a fresh policy at 8 clients at k = 0
-        from its first seconds (0.94x target-only, where k = 4 served 1.04x); leaving at once for a k
-        measured much faster, as earning the catch-up back within a refresh period, cost a fresh policy at 8
-        clients 2% in replays (its first target-only figures are thin)."""
+        `explore_cost_share` of the time since it last left target-only (or was first seen), or `lead` of it
+        (speculation's lead here, up to `lead_share_cap`) where that is larger. What leaving costs: every
+        session's draft catching up on the context tokens it lacks, at a draft prefill's seconds per token.
+        At 16 clients after 30 s at k = 0 a re-measurement of k = 4 and 5 cost 0.92x target-only over the
+        window, the catch-up unseen in the round times; priced per session by what the last departure lost,
+        the first departure at 16 clients had been let through by one at 8 whose drafts lacked nothing.
+        Holding back first measurements as well kept a fresh policy at 8 clients at k = 0 from its first
+        seconds (0.94x target-only, where k = 4 served 1.04x); leaving at once for a k measured much faster,
+        as earning the catch-up back within a refresh period, cost a fresh policy at 8 clients 2% in replays
+        (its first target-only figures are thin)."""
         cost_s = self._leaving_cost_s(batch_size)
         if self._k != 0 or cost_s <= 0.0:
             return -math.inf
-        return self._left_at.get(bucket, self._since[bucket]) + cost_s / self.explore_cost_share
+        share = max(self.explore_cost_share, min(lead, self.lead_share_cap))
+        return self._left_at.get(bucket, self._since[bucket]) + cost_s / share
 
     def _leaving_cost_s(self, batch_size: int) -> float:
         """Serving seconds leaving target-only would cost now (the drafts' catch-up); 0 until measured."""

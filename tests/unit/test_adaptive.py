@@ -549,6 +549,26 @@ def test_leaving_target_only_waits_until_the_drafts_catch_up_is_priced_in() -> N
     assert priced.choose(16, now=1360.0) == 1  # 0.004 * 1.6 * 16 / 0.005: held some 20 s
 
 
+@pytest.mark.parametrize(("lead", "held_s"), [(0.0, 320.0), (0.01, 160.0), (0.045, 80.0)])
+def test_a_thin_lead_of_speculation_is_measured_again_once_it_would_have_paid_for_the_catch_up(
+    lead: float, held_s: float
+) -> None:
+    """At target-only, k = 1 read `lead` faster here, inside the margin that leaves: it is measured again once
+    the catch-up (4 drafts lacking 100 tokens at 4 ms a token: 1.6 s) is that share of the time since, the lead
+    counted up to 2%; without a lead, at the 0.5% share. At 4 clients and T = 0.7 a 4.5% lead of k = 6 was
+    held at target-only for five minutes."""
+    policy = AdaptiveK(1, prior_weight=0.0)
+    policy.observe_draft_prefill(0.4, 100, now=0.0)
+    for _ in range(48):  # at 4 sessions target-only 1 token in 0.5 s; k = 1 (all accepted) 2 tokens
+        policy.observe(4, 0, 0, 0.5, now=0.0, draft_lag=100)
+        policy.observe(4, 1, 1, 1.0 / (1.0 + lead), now=0.0)
+    policy._k = policy._chosen = 0
+    policy._serving_s = 100.0
+    assert policy.choose(4, now=10.0) == 0  # first seen at 10 s: inside the margin, and held
+    assert policy.choose(4, now=10.0 + 0.95 * held_s) == 0
+    assert policy.choose(4, now=10.0 + held_s + 1.0) == 1 and policy._exploration is not None
+
+
 def test_held_at_target_only_a_k_never_measured_there_is_still_measured() -> None:
     """A fresh policy at 8 clients that went to k = 0 on its first figures, held from the start, stayed there
     (0.94x target-only where k = 4 served 1.04x): a first measurement goes on, held or not."""
