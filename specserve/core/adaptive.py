@@ -490,7 +490,7 @@ class AdaptiveK:
             # never slower than target-only asks (at 4 clients k = 1..3, each about as fast, kept it 9% slower)
             best = 0
         quiet = self._quiet(bucket, now)
-        held = now < self._leaving_allowed_at(bucket, batch_size, self._speculation_lead(bucket, known))
+        held = now < self._leaving_allowed_at(bucket, batch_size, known)
         if explored is None and self._k == 0 and best > 0:
             # Leaving target-only on figures measured before (k = 0's drifting below another's old, lucky one:
             # at 4 clients it switched back and forth; or another batch size's, the batch growing and shrinking
@@ -573,27 +573,28 @@ class AdaptiveK:
         """How much faster than target-only the fastest k > 0 measured at this batch size reads (a share; 0
         where none reads faster, or either is missing here). Not from figures borrowed from another batch
         size: one client's 2.3x scaled to 16 clients would make every departure look worth its catch-up."""
-        if self._seconds(bucket, 0) is None:
+        if 0 not in known or self._seconds(bucket, 0) is None:
             return 0.0
         measured = [rate for k, rate in known.items() if k > 0 and self._seconds(bucket, k) is not None]
         return max(0.0, max(measured, default=0.0) / known[0] - 1.0)
 
-    def _leaving_allowed_at(self, bucket: int, batch_size: int, lead: float) -> float:
+    def _leaving_allowed_at(self, bucket: int, batch_size: int, known: dict[int, float]) -> float:
         """Before this time a batch size at target-only does not leave it, to measure a k again or for one
         measured faster (a k never measured there still is): until what leaving would cost now is
-        `explore_cost_share` of the time since it last left target-only (or was first seen), or `lead` of it
-        (speculation's lead here, up to `lead_share_cap`) where that is larger. What leaving costs: every
-        session's draft catching up on the context tokens it lacks, at a draft prefill's seconds per token.
-        At 16 clients after 30 s at k = 0 a re-measurement of k = 4 and 5 cost 0.92x target-only over the
-        window, the catch-up unseen in the round times; priced per session by what the last departure lost,
-        the first departure at 16 clients had been let through by one at 8 whose drafts lacked nothing.
-        Holding back first measurements as well kept a fresh policy at 8 clients at k = 0 from its first
-        seconds (0.94x target-only, where k = 4 served 1.04x); leaving at once for a k measured much faster,
-        as earning the catch-up back within a refresh period, cost a fresh policy at 8 clients 2% in replays
-        (its first target-only figures are thin)."""
+        `explore_cost_share` of the time since it last left target-only (or was first seen), or speculation's
+        lead here (`_speculation_lead`, up to `lead_share_cap`) of it where that is larger. What leaving costs:
+        every session's draft catching up on the context tokens it lacks, at a draft prefill's seconds per token.
+        At 16 clients after 30 s at k = 0 a re-measurement of k = 4 and 5 cost 0.92x target-only over the window,
+        the catch-up unseen in the round times; priced per session by what the last departure lost, the first
+        departure at 16 clients had been let through by one at 8 whose drafts lacked nothing. Holding back first
+        measurements as well kept a fresh policy at 8 clients at k = 0 from its first seconds (0.94x target-only,
+        where k = 4 served 1.04x); leaving at once for a k measured much faster, as earning the catch-up back
+        within a refresh period, cost a fresh policy at 8 clients 2% in replays (its first target-only figures
+        are thin)."""
         cost_s = self._leaving_cost_s(batch_size)
         if self._k != 0 or cost_s <= 0.0:
             return -math.inf
+        lead = self._speculation_lead(bucket, known)  # only at target-only: not on every round's decision
         share = max(self.explore_cost_share, min(lead, self.lead_share_cap))
         return self._left_at.get(bucket, self._since[bucket]) + cost_s / share
 
