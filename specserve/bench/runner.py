@@ -18,7 +18,7 @@ from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
 from specserve.engine import SpeculativeEngine
 from specserve.models.attention import ATTENTION
-from specserve.models.loading import LoadedModel, ModelConfig, load_model
+from specserve.models.loading import DTYPES, LoadedModel, ModelConfig, load_model
 from specserve.models.packing import PackedLinear
 from specserve.models.quantized import quantization_label
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -160,6 +160,8 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
             modes = _modes(cfg, target, draft, home)
         else:
             modes = _peer_modes(cfg, [(target, " plain")], draft) if cfg.hf else []
+            if cfg.served:
+                modes += _other_dtype_baselines(cfg, target.dtype, home)  # the as-shipped target's: the served one's
         if cfg.served:
             from orchestrator.service import OrchestratorConfig
             from specserve.bench.served import PIPELINED, SERVED_MODE_SUFFIXES
@@ -194,8 +196,9 @@ def _modes(
     modes: list[tuple[ModeResult, Runner]] = []
     for dtype in cfg.baseline_dtypes:
         same = ModelConfig(cfg.target, dtype=dtype).resolve_dtype(target.device) == target.dtype
-        baseline = SpeculativeEngine(target if same else load_model(ModelConfig(cfg.target, dtype=dtype), home), None)
-        modes.append((ModeResult(f"target-only {dtype}", "target-only", 0, f"target {dtype}"), _ours(baseline, 0, cfg)))
+        modes.append(
+            _target_only(cfg, dtype, target if same else load_model(ModelConfig(cfg.target, dtype=dtype), home))
+        )
     settings = f"target {_dtype(target)}, draft {_dtype(draft)}"
     engine = SpeculativeEngine(target, draft)
     for k in cfg.ks:
@@ -221,6 +224,21 @@ def _modes(
         ours = _ours(SpeculativeEngine(target, fp32_draft), 4, cfg)
         modes.append((ModeResult("specserve k=4 fp32 draft", "speculative", 4, fp32), ours))
     return modes
+
+
+def _target_only(cfg: BenchConfig, dtype: str, target: LoadedModel) -> tuple[ModeResult, Runner]:
+    mode = ModeResult(f"target-only {dtype}", "target-only", 0, f"target {dtype}")
+    return mode, _ours(SpeculativeEngine(target, None), 0, cfg)
+
+
+def _other_dtype_baselines(
+    cfg: BenchConfig, served_dtype: torch.dtype, home: Path | None
+) -> list[tuple[ModeResult, Runner]]:
+    """Without in-process modes: specserve's target-only, in process, in each baseline dtype the served target
+    does not run in (where the CPU emulates bfloat16 the default is float32, and the fastest target-only
+    setting might still be bfloat16's)."""
+    other = [dtype for dtype in cfg.baseline_dtypes if DTYPES[dtype] != served_dtype]
+    return [_target_only(cfg, dtype, load_model(ModelConfig(cfg.target, dtype=dtype), home)) for dtype in other]
 
 
 def _as_shipped(cfg: BenchConfig) -> ModelConfig:

@@ -114,6 +114,21 @@ def test_without_in_process_modes_the_served_stack_meets_the_peer_as_transformer
     assert summary["baseline"] == fastest and rows[fastest]["speedup_vs_target"] == 1.0
 
 
+def test_without_in_process_modes_target_only_runs_in_process_in_the_dtypes_the_served_target_does_not() -> None:
+    cfg = BenchConfig(
+        target="tiny", draft="tiny-draft", num_prompts=1, max_tokens=12, ks=(), baseline_dtypes=("float32", "bfloat16"),
+        draft_quantization="none", hf=False, hf_fp32_draft=False, served=True, in_process=False,
+    )  # fmt: skip
+    summary = run_bench(cfg)  # the tiny target is served in float32
+    rows = {row["mode"]: row for row in summary["modes"]}
+    assert [name for name in rows if name.startswith("target-only")] == ["target-only bfloat16"]
+    assert (
+        rows["target-only bfloat16"]["settings"] == "target bfloat16" and rows["target-only bfloat16"]["tokens"] == 12
+    )
+    fastest = max(["served target-only", "target-only bfloat16"], key=lambda name: rows[name]["tokens_per_second"])
+    assert summary["baseline"] == fastest
+
+
 def test_without_in_process_modes_the_bench_needs_a_served_stack() -> None:
     with pytest.raises(ValueError, match="served stack or an address"):
         BenchConfig(target="tiny", draft="tiny-draft", in_process=False)

@@ -75,7 +75,7 @@ def test_greedy_output_with_an_int4_draft_equals_target_only(
         assert result.stats.num_accepted > 0  # the int4 draft still proposes what the target says
 
 
-def test_auto_quantization_picks_int4_where_the_cpu_computes_in_bfloat16() -> None:
+def test_auto_quantization_picks_int4_on_avx512_cpus() -> None:
     cpu = torch.device("cpu")
     assert ModelConfig("x", quantization="auto").resolve_quantization(cpu) == ("int4" if int4_supported() else "int8")
     assert ModelConfig("x", quantization="auto").resolve_quantization(torch.device("cuda")) == "none"
