@@ -122,9 +122,8 @@ def test_without_in_process_modes_target_only_runs_in_process_in_the_dtypes_the_
     summary = run_bench(cfg)  # the tiny target is served in float32
     rows = {row["mode"]: row for row in summary["modes"]}
     assert [name for name in rows if name.startswith("target-only")] == ["target-only bfloat16"]
-    assert (
-        rows["target-only bfloat16"]["settings"] == "target bfloat16" and rows["target-only bfloat16"]["tokens"] == 12
-    )
+    bfloat16 = rows["target-only bfloat16"]
+    assert bfloat16["settings"] == "target bfloat16" and bfloat16["tokens"] == 12
     fastest = max(["served target-only", "target-only bfloat16"], key=lambda name: rows[name]["tokens_per_second"])
     assert summary["baseline"] == fastest
 
