@@ -2,20 +2,26 @@
 OpenMP runtime, reads its settings once, when torch loads it.
 
 torch's CPU threads are an OpenMP team. Between two parallel regions libgomp's threads spin GOMP_SPINCOUNT
-times (300,000 unless set) before they sleep, and a team that sleeps pays a wake-up for each region it slept
-through; but when a draft and a target share a machine's cores and both are busy (under load), long spins
-hold cores the other process needs. 3,000 is the compromise measured on two shared cores: a lone 1.5B
-decode step still sleeps through ~260 regions (9% slower than at the default), while 4 clients run 1.2x
-faster than at the default and than at 30,000 (docs/benchmarks.md, "OpenMP's wait between parallel regions"
-and "The spin count, again"). A worker with cores of its own does better at the default: set GOMP_SPINCOUNT
-in its environment. GNU OpenMP only (torch's Linux wheels); other OpenMP runtimes ignore the variable.
+times before they sleep, and a team that sleeps pays a wake-up for each region it slept through: at 3,000
+spins the 0.5B draft's step took 37-39 ms on two cores of a Xeon, at libgomp's default of 300,000 27 ms
+(docs/benchmarks.md, "The spin count, again"). A long spin also outlives the pass, though: the team went on
+spinning ~8 ms of a core after each pass, the cores a draft and a target on one machine hand each other.
+So workers spin long within a pass and put their team to sleep as soon as their model thread has nothing
+left to run (`release_idle_threads`, ModelExecutor); re-forming it costs the next pass about 0.1 ms.
+GNU OpenMP's variable (torch's Linux wheels); other OpenMP runtimes ignore it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import re
+from collections.abc import Callable
 
-SPIN_COUNT = 3000
+SPIN_COUNT = 300_000
+OMP_PAUSE_SOFT = 1
+_OPENMP_LIBRARY = re.compile(r"\S*/lib(?:gomp|iomp5|omp)[\w.-]*\.so[\w.]*")
 
 
 def openmp_env() -> dict[str, str]:
@@ -26,3 +32,29 @@ def openmp_env() -> dict[str, str]:
 def configure_openmp() -> None:
     """Apply openmp_env() to this process; call before torch is imported."""
     os.environ.update(openmp_env())
+
+
+def release_idle_threads() -> bool:
+    """Put the OpenMP team of the calling thread to sleep now rather than after its spin (OpenMP 5's
+    omp_pause_resource_all, soft pause); its next parallel region forms it again. False where this process
+    has no OpenMP runtime loaded that offers it (then the team sleeps after its spin as before)."""
+    pause = _pause_function()
+    return pause is not None and pause(OMP_PAUSE_SOFT) == 0
+
+
+@functools.cache
+def _pause_function() -> Callable[[int], int] | None:
+    """omp_pause_resource_all of the OpenMP runtime torch loaded (found in this process's mapped files)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = dict.fromkeys(_OPENMP_LIBRARY.findall(maps.read()))
+    except OSError:  # not Linux
+        return None
+    for path in paths:
+        try:
+            function = ctypes.CDLL(path).omp_pause_resource_all  # the loaded library: dlopen shares it
+        except (OSError, AttributeError):
+            continue
+        function.argtypes, function.restype = [ctypes.c_int], ctypes.c_int
+        return function
+    return None

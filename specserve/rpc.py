@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from specserve.logs import RequestIdServerInterceptor
 from specserve.models.tokenizers import TokenizerMismatchError
+from specserve.openmp import release_idle_threads
 from specserve.security import TLSConfig, server_interceptors
 from specserve.sessions import SessionNotFoundError
 
@@ -151,11 +152,18 @@ class ModelExecutor:
         """fn(*args) on the model thread; `background`: a prompt chunk, which takes turns with passes."""
         await self._acquire(background)
         self._last_background = background
-        future = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        future = asyncio.get_running_loop().run_in_executor(self._pool, self._on_model_thread, fn, *args)
         # released when the thread is done, not when the caller stops waiting: a cancelled caller's call
         # still holds the model until it returns
         future.add_done_callback(lambda _: self._release())
         return await asyncio.shield(future)
+
+    def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        finally:
+            if not (self._waiting[False] or self._waiting[True]):  # idle now: free the cores (specserve/openmp.py)
+                release_idle_threads()
 
     async def timed(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
         """(result, seconds the call computed), the queueing before it excluded."""

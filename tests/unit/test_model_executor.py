@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import time
 
 import pytest
+import torch
 
 from specserve.rpc import ModelExecutor
 
@@ -94,3 +97,38 @@ def test_a_caller_cancelled_while_its_call_runs_holds_the_model_until_the_call_r
 
     asyncio.run(scenario())
     assert ran == ["slow", "after"]
+
+
+def _threads() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_the_openmp_team_of_an_idle_model_thread_goes_away_and_forms_again() -> None:
+    # at libgomp's default spin a team kept a core busy ~8 ms after each pass, the cores a draft and a
+    # target on one machine hand each other
+    data = torch.arange(4_000_000, dtype=torch.float32)
+
+    def parallel_pass() -> tuple[set[str], float]:
+        torch.set_num_threads(2)
+        total = float(data.sum())  # one parallel region: the model thread's team of two
+        return _threads(), total
+
+    async def scenario() -> None:
+        executor = ModelExecutor("test")
+        during, first = await executor.run(parallel_pass)
+        team = during - _threads_after_settling(during)
+        assert team, "the team's thread outlived the pass on an idle model thread"
+        _, again = await executor.run(parallel_pass)  # the next pass forms a team again
+        assert again == first
+        executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def _threads_after_settling(during: set[str], timeout_s: float = 2.0) -> set[str]:
+    """The threads once those of `during` that are leaving have left (or after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while (now := _threads()) >= during and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return now
