@@ -123,7 +123,11 @@ def test_the_openmp_team_of_an_idle_model_thread_goes_away_and_forms_again() -> 
         assert again == first
         executor.shutdown()
 
-    asyncio.run(scenario())
+    previous = torch.get_num_threads()
+    try:
+        asyncio.run(scenario())
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _threads_after_settling(during: set[str], timeout_s: float = 2.0) -> set[str]:
