@@ -117,9 +117,10 @@ def test_the_openmp_team_of_an_idle_model_thread_goes_away_and_forms_again() -> 
     async def scenario() -> None:
         executor = ModelExecutor("test")
         during, first = await executor.run(parallel_pass)
-        team = during - _threads_after_settling(during)
-        assert team, "the team's thread outlived the pass on an idle model thread"
-        _, again = await executor.run(parallel_pass)  # the next pass forms a team again
+        settled = _threads_after_settling(during)
+        assert during - settled, "the team's thread outlived the pass on an idle model thread"
+        during_again, again = await executor.run(parallel_pass)
+        assert during_again - settled, "the next pass ran without a team"
         assert again == first
         executor.shutdown()
 
