@@ -4,10 +4,13 @@ and serve the orchestrator from this process over them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 
 import ray
 
@@ -23,6 +26,11 @@ LOCAL_HEADROOM = 4  # the local instance offers this many times the launch deman
 def init_ray(config: DeployConfig) -> DeployConfig:
     """Connect to the configured cluster, or start a local instance sized for the config. On a local
     machine without GPUs, roles that ask for GPUs run on its CPUs instead (the same config runs)."""
+    with _signal_handlers_kept():
+        return _init_ray(config)
+
+
+def _init_ray(config: DeployConfig) -> DeployConfig:
     if config.ray.address is not None:
         ray.init(address=config.ray.address, namespace=config.ray.namespace, log_to_driver=True)
         logger.info("joined the Ray cluster at %s: %s", config.ray.address, ray.cluster_resources())
@@ -39,6 +47,26 @@ def init_ray(config: DeployConfig) -> DeployConfig:
     )
     logger.info("started a local Ray instance: %s", ray.cluster_resources())
     return config
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """SIGTERM drains `specserve serve` as Ctrl-C does, whoever sends it (kill PID, docker stop, a process
+    group, systemd's whole cgroup). ray.init replaces the driver's SIGTERM handler twice: with a sys.exit
+    (raised inside the event loop, it cancels every request in flight) and with its core worker's crash
+    handler (the "*** SIGTERM received ... PC: @" stack dump); the caller's handlers go back after it. And
+    the processes ray.init starts (GCS, raylet, and through it the replicas' workers) inherit a mask that
+    blocks SIGTERM, as Ray already blocks SIGINT in them: a signal to the group leaves them serving until
+    the drain ends and ray.shutdown stops them (it then kills them, about a second each, not terminates)."""
+    main = threading.current_thread() is threading.main_thread()  # only the main thread sets handlers
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # children inherit this thread's mask
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, handler in kept.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _on_this_machine(config: DeployConfig) -> DeployConfig:

@@ -1,12 +1,18 @@
-"""SIGTERM to the orchestrator process (`python -m orchestrator`): new requests are refused, the stream in
-flight finishes with the right tokens, and the process exits 0. Every process is stopped, whatever fails."""
+"""SIGTERM to the orchestrator (`python -m orchestrator`) and to the whole stack (`specserve serve`, Ray): new
+requests are refused, the streams in flight finish with the right tokens, and the process exits 0. Every
+process is stopped, whatever fails."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -71,3 +77,85 @@ def test_sigterm_drains_the_stream_in_flight_then_exits_zero(
             if orchestrator.poll() is None:
                 orchestrator.kill()
                 orchestrator.wait(10)
+
+
+def _http_stream(port: int, body: dict[str, object], events: list[dict[str, object]], errors: list[str]) -> None:
+    """POST a streaming completion; every server-sent event's JSON goes to `events` (errors to `errors`)."""
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200, response.read()
+        for line in response:
+            if line.startswith(b"data: {"):
+                events.append(json.loads(line[len(b"data: ") :]))
+    except Exception as error:  # noqa: BLE001 - reported by the test
+        errors.append(repr(error))
+
+
+def test_sigterm_to_specserve_serve_drains_grpc_and_http_streams_then_exits_zero(
+    engine: SpeculativeEngine, tmp_path: Path
+) -> None:
+    """The whole stack on a local Ray instance. SIGTERM goes to the process group, as `kill -TERM -PGID`,
+    systemd (the whole cgroup) or a terminal would send it: the driver and Ray's processes all get it."""
+    port, http_port, max_tokens = free_port(), free_port(), 300
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "specserve.cli", "serve", "--target", "tiny", "--draft", "tiny-draft",
+               "--target-dtype", "float32", "--draft-dtype", "float32", "--target-device", "cpu",
+               "--draft-device", "cpu", "--port", str(port), "--http-port", str(http_port),
+               "--shutdown-grace-s", "120"]  # fmt: skip
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        serve = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        with SpecServeClient(f"127.0.0.1:{port}", timeout_s=120) as client:
+            _wait_until_serving(client, serve, timeout_s=240)
+            events: list[dict[str, object]] = []
+            errors: list[str] = []
+            body = {"model": "tiny", "prompt": "def f(", "max_tokens": max_tokens, "temperature": 0,
+                    "ignore_eos": True, "stream": True}  # fmt: skip
+            http_client = threading.Thread(target=_http_stream, args=(http_port, body, events, errors))
+            http_client.start()
+            stream_started = time.monotonic()
+            stream = client.stream("def f(", max_tokens=max_tokens, ignore_eos=True)
+            chunks = [next(stream)]
+            deadline = time.monotonic() + 60
+            while not events and not errors and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert events, f"the HTTP stream did not start: {errors}"
+            started = time.monotonic()
+            os.killpg(serve.pid, signal.SIGTERM)
+            time.sleep(0.5)  # the signal is handled: the server stops taking calls
+            with SpecServeClient(f"127.0.0.1:{port}", timeout_s=10) as late, pytest.raises(grpc.RpcError) as refused:
+                late.generate("x = ", max_tokens=4)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+            chunks += list(stream)
+            http_client.join(120)
+        finished_after_s = time.monotonic() - started
+        token_ids = [t for c in chunks for t in c.token_ids]
+        expected = engine.generate(
+            GenerationRequest(prompt="def f(", max_tokens=max_tokens, num_speculative_tokens=0, ignore_eos=True)
+        ).token_ids
+        assert token_ids == expected and chunks[-1].finish_reason == "length"
+        assert not errors, errors
+        last = events[-1]
+        assert last["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+        assert last["speculation"]["generated_tokens"] == max_tokens  # type: ignore[index]
+        http_text = "".join(e["choices"][0]["text"] for e in events)  # type: ignore[index]
+        assert http_text == "".join(c.text for c in chunks)  # the same greedy tokens through both APIs
+        signalled_after_s = started - stream_started
+        assert chunks[-1].stats.total_ms / 1000 > signalled_after_s + 0.5  # still decoding at the signal: drained
+        assert serve.wait(timeout=90) == 0
+        output = log_path.read_text(errors="replace")
+        assert "SIGTERM received" not in output and "PC: @" not in output, output[-3000:]
+        assert "cancelled" not in output, output[-3000:]
+        print(f"\nfigure: SIGTERM to the process group; both {max_tokens}-token streams finished correctly "
+              f"{finished_after_s:.2f}s later; exit 0 after {time.monotonic() - started:.2f}s")  # fmt: skip
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait(10)
+        try:  # Ray's processes, whatever happened to the driver
+            os.killpg(serve.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
