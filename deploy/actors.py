@@ -21,7 +21,7 @@ IDLE, STARTING, LISTENING, FAILED = "idle", "starting", "listening", "failed"
 
 class WorkerActor:
     """Cheap __init__ (Ray re-runs it on restart); start() launches the server and returns at once;
-    status() says how far it got and where it listens."""
+    status() says how far it got and where it listens; wait_loaded() returns once the model is loaded."""
 
     def __init__(self, role: str, config: WorkerServiceConfig, cpu_threads: int | None = None) -> None:
         if role not in ("draft", "target"):
@@ -33,6 +33,8 @@ class WorkerActor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._done: Future[None] = Future()
+        self._loaded = threading.Event()  # set once the model serves, or the server ended without serving
+        self._served = False
 
     def start(self) -> None:
         with self._lock:
@@ -45,6 +47,14 @@ class WorkerActor:
         """(state, address when listening or the error when failed)."""
         with self._lock:
             return self._state, self._detail
+
+    async def wait_loaded(self) -> bool:
+        """Return once the model serves (True) or the server failed (False). A process that dies while
+        loading fails this call instead, with Ray's account of the death (the memory monitor, a signal).
+        Async, as Ray runs this actor's methods on one event loop (it has a coroutine): it must not block."""
+        while not self._loaded.is_set():
+            await asyncio.sleep(0.1)
+        return self._served
 
     def where(self) -> dict[str, object]:
         """The node and process this replica runs in, and what Ray assigned it (for tests and operators)."""
@@ -80,6 +90,8 @@ class WorkerActor:
             with self._lock:
                 self._state, self._detail = FAILED, f"{type(error).__name__}: {error}"
             self._done.set_exception(error)
+        finally:
+            self._loaded.set()
 
     async def _serve(self, config: WorkerServiceConfig) -> None:
         if self.role == "draft":
@@ -92,7 +104,11 @@ class WorkerActor:
             with self._lock:
                 self._state, self._detail = LISTENING, address
 
-        await serve(config, on_listening=on_listening, stop=self._stop)
+        def on_serving() -> None:
+            self._served = True
+            self._loaded.set()
+
+        await serve(config, on_listening=on_listening, stop=self._stop, on_serving=on_serving)
 
 
 def _listen_host(host: str) -> str:

@@ -40,6 +40,10 @@ class RoleConfig:
     """Ray accelerator type (e.g. "L4", "H100"): pins the role to nodes with that GPU."""
     max_restarts: int = -1
     """How often Ray restarts a dead replica (-1: always). A restarted replica rejoins on its own."""
+    max_load_failures: int = 3
+    """A replica whose process dies this many times in a row while loading its model (before it ever
+    serves; e.g. killed by Ray's memory monitor because the node cannot hold it) is not restarted again:
+    the fleet stops it and reports why (log, `specserve scale`, specserve_replicas{state="given_up"})."""
     max_sessions: int = 256
     """Sessions (KV caches) one replica keeps; the least recently used is evicted beyond it."""
     idle_ttl_s: float = 300.0
@@ -68,6 +72,8 @@ class RoleConfig:
                 raise ValueError(f"resources[{name!r}] must be a positive amount, got {amount}")
         if self.max_restarts < -1:
             raise ValueError(f"max_restarts must be -1 (always) or >= 0, got {self.max_restarts}")
+        if self.max_load_failures < 1:
+            raise ValueError(f"max_load_failures must be >= 1, got {self.max_load_failures}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         self.service("127.0.0.1")  # validates the server's own settings

@@ -1,6 +1,7 @@
 """RayFleet: the draft and target replicas as Ray actors, placed by each role's resource request.
 Ray restarts a dead actor (max_restarts); the fleet starts its server again and reports the new address,
-so the orchestrator's discovery picks it up. Scaling adds actors, or drains and removes them."""
+so the orchestrator's discovery picks it up, unless it keeps dying while loading (max_load_failures).
+Scaling adds actors, or drains and removes them."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
 
 from deploy.actors import FAILED, IDLE, LISTENING, WorkerActor
 from deploy.config import ROLES, DeployConfig, RoleConfig
-from orchestrator.replicas import Drain
+from orchestrator.replicas import Drain, GivenUp
 from specserve.openmp import openmp_env
 
 logger = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 STATUS_TIMEOUT_S = 2.0  # a replica that does not answer this fast is restarting, loading or unreachable
 STOP_TIMEOUT_S = 15.0
 DEAD_AFTER_POLLS = 3  # an actor reported dead this many polls in a row is not coming back: replace it
+MAX_REASON_CHARS = 600
 
 
 class ReplicaStartError(RuntimeError):
@@ -36,6 +38,10 @@ class Member:
     state: str = IDLE
     detail: str = ""
     num_dead_polls: int = 0
+    load: Any = None
+    """wait_loaded() of the current process (a ray.ObjectRef) until it answers; it fails if the process dies."""
+    num_load_failures: int = 0
+    """Deaths while loading, in a row (a load that completes resets it)."""
 
     @property
     def address(self) -> str | None:
@@ -47,6 +53,8 @@ class RayFleet:
         self.config = config
         self._members: dict[str, list[Member]] = {role: [] for role in ROLES}
         self._num_created = dict.fromkeys(ROLES, 0)
+        self._num_load_failures = dict.fromkeys(ROLES, 0)
+        self._given_up: dict[str, list[GivenUp]] = {role: [] for role in ROLES}
         self._lock = threading.Lock()  # polling runs in worker threads, scaling on the event loop
 
     def launch(self) -> None:
@@ -88,6 +96,14 @@ class RayFleet:
                 self._members[role].clear()
         await asyncio.gather(*(asyncio.to_thread(_stop, m) for m in members))
 
+    def num_load_failures(self, role: str) -> int:
+        with self._lock:
+            return self._num_load_failures[role]
+
+    def given_up(self, role: str) -> list[GivenUp]:
+        with self._lock:
+            return list(self._given_up[role])
+
     def actors(self, role: str) -> list[Member]:
         with self._lock:
             return list(self._members[role])
@@ -115,16 +131,17 @@ class RayFleet:
             )
             .remote(role, service, role_config.cpu_threads)
         )
-        actor.start.remote()
         member = Member(actor, name)
+        _start(member)
         with self._lock:
             self._members[role].append(member)
         logger.info("started Ray actor %s (%s)", name, _describe(role_config))
         return member
 
     def _poll(self, role: str) -> list[str]:
-        """Ask every replica of `role` how it is; start servers on restarted actors; replace dead ones."""
-        members = self.actors(role)
+        """Ask every replica of `role` how it is; start servers on restarted actors; replace dead ones;
+        give up on those that keep dying while loading."""
+        members = [m for m in self.actors(role) if self._loading_survived(role, m)]
         refs = [m.actor.status.remote() for m in members]
         for member, ref in zip(members, refs):
             try:
@@ -141,13 +158,55 @@ class RayFleet:
                 continue
             member.num_dead_polls = 0
             if state == IDLE:  # new, or restarted by Ray: its server must start (again)
-                member.actor.start.remote()
+                _start(member)
             elif state == FAILED and member.state != FAILED:
                 logger.error("%s failed to start: %s", member.name, detail)
             member.state, member.detail = state, detail
         if members and all(m.state == FAILED for m in members):
             raise ReplicaStartError(f"every {role} replica failed to start: {members[0].detail}")
+        given_up = self.given_up(role)
+        if not members and given_up:
+            raise ReplicaStartError(f"every {role} replica was given up: {given_up[-1].reason}")
         return [m.address for m in members if m.address is not None]
+
+    def _loading_survived(self, role: str, member: Member) -> bool:
+        """Count a death while loading (wait_loaded failed); False once the member is given up for it."""
+        if member.load is None:
+            return True
+        ready, _ = ray.wait([member.load], timeout=0)
+        if not ready:
+            return True
+        member.load = None
+        try:
+            if ray.get(ready[0]):
+                member.num_load_failures = 0
+            return True  # loaded, or the server failed (status() reports that)
+        except RayActorError as error:
+            reason = _death_cause(error)
+        role_config = self.config.role(role)
+        assert role_config is not None
+        member.num_load_failures += 1
+        with self._lock:
+            self._num_load_failures[role] += 1
+        if member.num_load_failures < role_config.max_load_failures:
+            logger.warning(
+                "%s replica %s died while loading (%d of %d deaths in a row before it is given up): %s",
+                role, member.name, member.num_load_failures, role_config.max_load_failures, reason,
+            )  # fmt: skip
+            return True  # once Ray has restarted it, it reports idle: _start() then asks again
+        with self._lock:
+            if member not in self._members[role]:
+                return False
+            self._members[role].remove(member)
+            self._given_up[role].append(GivenUp(role, member.name, reason, member.num_load_failures))
+        ray.kill(member.actor, no_restart=True)
+        logger.error(
+            "giving up on %s replica %s: it died while loading %d times in a row, not restarting it again "
+            "(a replica the node has no memory for dies this way: Ray's line on the worker's exit says how; "
+            "the last death: %s)",
+            role, member.name, member.num_load_failures, reason,
+        )  # fmt: skip
+        return False
 
     def _replace_dead(self, role: str, member: Member, error: BaseException) -> None:
         """Ray gave up on the actor (restarts exhausted, or its node is gone for good): start a new one."""
@@ -157,6 +216,20 @@ class RayFleet:
             self._members[role].remove(member)
         logger.warning("%s is dead (%s); replacing it", member.name, error)
         self._spawn(role)
+
+
+def _start(member: Member) -> None:
+    member.actor.start.remote()
+    if member.load is None:
+        member.load = member.actor.wait_loaded.remote()
+
+
+def _death_cause(error: BaseException) -> str:
+    """What the caller of a dead actor learns, on one line: Ray's account where it gives one (killed by
+    its memory monitor), else that the process exited (the raylet logs the exit type beside it)."""
+    text = " ".join(str(error).split())
+    text = text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+    return f"its process exited while loading the model ({type(error).__name__}: {text})"
 
 
 def _stop(member: Member) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from specserve.core.stats import SpeculationStats
@@ -28,11 +28,14 @@ COUNT_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 THROUGHPUT_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 
 
+GIVEN_UP = "given_up"  # the state of a replica the fleet stopped restarting (orchestrator/replicas.py GivenUp)
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaState:
     role: str
-    address: str
-    state: str  # serving | draining | failed
+    address: str  # a given-up replica's name
+    state: str  # serving | draining | failed | given_up
     num_sessions: int
 
 
@@ -43,6 +46,8 @@ class ServingState:
     num_running: int
     num_queued: int
     replicas: list[ReplicaState] = field(default_factory=list)
+    num_load_failures: dict[str, int] = field(default_factory=dict)
+    """By role: replica processes that died while loading, since start."""
 
 
 class Metrics:
@@ -167,21 +172,30 @@ class _StateCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         running = GaugeMetricFamily("specserve_requests_running", "Requests holding a decoding slot")
         queued = GaugeMetricFamily("specserve_requests_queued", "Requests waiting for a slot (queue depth)")
         sessions = GaugeMetricFamily(
             "specserve_replica_sessions", "Active sessions per replica", labels=["role", "replica"]
         )
-        replicas = GaugeMetricFamily("specserve_replicas", "Replicas by role and state", labels=["role", "state"])
+        replicas = GaugeMetricFamily("specserve_replicas", "Replicas by role and state (given_up: died while "
+                                     "loading max_load_failures times in a row, not restarted)",
+                                     labels=["role", "state"])  # fmt: skip
+        load_failures = CounterMetricFamily(
+            "specserve_replica_load_failures", "Replica processes that died while loading their model",
+            labels=["role"],
+        )  # fmt: skip
         if self.metrics._state is not None:
             state = self.metrics._state()
             running.add_metric([], state.num_running)
             queued.add_metric([], state.num_queued)
             counts: dict[tuple[str, str], int] = {}
             for replica in state.replicas:
-                sessions.add_metric([replica.role, replica.address], replica.num_sessions)
+                if replica.state != GIVEN_UP:
+                    sessions.add_metric([replica.role, replica.address], replica.num_sessions)
                 counts[replica.role, replica.state] = counts.get((replica.role, replica.state), 0) + 1
             for (role, replica_state), count in sorted(counts.items()):
                 replicas.add_metric([role, replica_state], count)
-        yield from (running, queued, sessions, replicas)
+            for role, count in sorted(state.num_load_failures.items()):
+                load_failures.add_metric([role], count)
+        yield from (running, queued, sessions, replicas, load_failures)

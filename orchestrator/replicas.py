@@ -30,6 +30,17 @@ class ScalingUnsupportedError(PreconditionError):
     """The fleet's replicas are fixed addresses; nothing can start or stop them."""
 
 
+@dataclass(frozen=True, slots=True)
+class GivenUp:
+    """A replica the fleet stopped restarting: its process died while loading, `num_failures` times in a row."""
+
+    role: str
+    name: str
+    reason: str
+    """The last death's cause, as Ray gave it (e.g. killed by its memory monitor, or by a signal)."""
+    num_failures: int
+
+
 class Fleet(Protocol):
     """Where replicas come from: fixed addresses (StaticFleet) or actors on a Ray cluster (deploy/)."""
 
@@ -43,6 +54,14 @@ class Fleet(Protocol):
 
     async def scale(self, role: str, num_replicas: int, drain: Drain) -> None:
         """Start or stop replicas until `num_replicas` run; replicas to stop are drained first."""
+        ...
+
+    def num_load_failures(self, role: str) -> int:
+        """Replica processes of the role that died while loading, since the fleet started."""
+        ...
+
+    def given_up(self, role: str) -> list[GivenUp]:
+        """Replicas of the role the fleet stopped restarting (not counted in desired())."""
         ...
 
     async def close(self) -> None: ...
@@ -62,6 +81,12 @@ class StaticFleet:
 
     async def scale(self, role: str, num_replicas: int, drain: Drain) -> None:
         raise ScalingUnsupportedError("this orchestrator serves fixed addresses; scale needs a Ray deployment")
+
+    def num_load_failures(self, role: str) -> int:
+        return 0  # someone else starts (and restarts) these replicas
+
+    def given_up(self, role: str) -> list[GivenUp]:
+        return []
 
     async def close(self) -> None:
         return None

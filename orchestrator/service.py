@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from orchestrator.admission import Admission
-from orchestrator.metrics import Metrics, ReplicaState, ServingState
+from orchestrator.metrics import GIVEN_UP, Metrics, ReplicaState, ServingState
 from orchestrator.pipeline import Chunk, RemoteRequest, RequestPlan
 from orchestrator.remote import ModelInfo
 from orchestrator.replicas import Fleet, Replica, ReplicaPool
@@ -190,7 +190,9 @@ class Orchestrator:
         replicas = [
             ReplicaState(role, r.address, r.state, r.num_sessions) for role in self.pools for r in self.replicas(role)
         ]
-        return ServingState(self.admission.num_running, self.admission.num_queued, replicas)
+        replicas += [ReplicaState(role, g.name, GIVEN_UP, 0) for role in self.pools for g in self.fleet.given_up(role)]
+        failures = {role: self.fleet.num_load_failures(role) for role in self.pools}
+        return ServingState(self.admission.num_running, self.admission.num_queued, replicas, failures)
 
     def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from orchestrator.metrics import GIVEN_UP
 from orchestrator.service import Orchestrator
 from protos import convert
 from protos import specserve_pb2 as pb
@@ -91,6 +92,11 @@ class AdminServicer(pb_grpc.AdminServicer):
             pb.ReplicaInfo(role=role, address=r.address, state=r.state, active_sessions=r.num_sessions)
             for role in ("target", "draft")
             for r in o.replicas(role)
+        ]
+        replicas += [
+            pb.ReplicaInfo(role=role, address=g.name, state=GIVEN_UP, detail=g.reason)
+            for role in ("target", "draft")
+            for g in o.fleet.given_up(role)
         ]
         return pb.ReplicaSet(
             replicas=replicas,

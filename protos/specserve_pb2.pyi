@@ -123,16 +123,18 @@ class ServerInfoResponse(_message.Message):
     def __init__(self, version: _Optional[str] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., default_num_speculative_tokens: _Optional[int] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_context: _Optional[int] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("role", "address", "state", "active_sessions")
+    __slots__ = ("role", "address", "state", "active_sessions", "detail")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     role: str
     address: str
     state: str
     active_sessions: int
-    def __init__(self, role: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., active_sessions: _Optional[int] = ...) -> None: ...
+    detail: str
+    def __init__(self, role: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., active_sessions: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ReplicaSet(_message.Message):
     __slots__ = ("replicas", "desired_draft_replicas", "desired_target_replicas")

@@ -343,7 +343,10 @@ def _print_replicas(replica_set: object) -> None:
         desired = getattr(replica_set, f"desired_{role}_replicas")
         print(f"{role}: {desired} wanted, {sum(r.state == 'serving' for r in replicas)} serving")
         for r in replicas:
-            print(f"  {r.address:24} {r.state:9} {r.active_sessions} sessions")
+            if r.state == "given_up":  # died while loading too often; r.address is its name
+                print(f"  {r.address:24} {r.state:9} not restarted: {r.detail}")
+            else:
+                print(f"  {r.address:24} {r.state:9} {r.active_sessions} sessions")
 
 
 def cmd_models(args: argparse.Namespace) -> int:

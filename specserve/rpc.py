@@ -402,8 +402,10 @@ async def serve_worker(
     evict_every_s: float = 10.0,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     tls: TLSConfig | None = None,
+    on_serving: Callable[[], None] | None = None,
 ) -> None:
-    """Listen at once (health NOT_SERVING), load the model, serve until `stop` is set, then drain."""
+    """Listen at once (health NOT_SERVING), load the model, serve until `stop` is set, then drain.
+    on_listening gets the address once bound; on_serving is called once the model is loaded."""
     service_name = service.full_name
     server = Server([service_name], interceptors=interceptors, tls=tls)
     add_service(server.server, servicer, service)
@@ -422,6 +424,8 @@ async def serve_worker(
         servicer.attach(worker)
         await server.set_serving()
         logger.info("%s serving on %s", service_name, address)
+        if on_serving is not None:
+            on_serving()
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), evict_every_s)

@@ -22,6 +22,7 @@ async def serve(
     on_listening: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    on_serving: Callable[[], None] | None = None,
 ) -> None:
     def make_worker() -> TargetWorker:
         return TargetWorker(load_model(config.model), config.max_sessions, config.idle_ttl_s)
@@ -36,4 +37,5 @@ async def serve(
         stop,
         interceptors=interceptors,
         tls=config.tls,
+        on_serving=on_serving,
     )

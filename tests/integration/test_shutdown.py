@@ -22,6 +22,7 @@ from specserve.config import GenerationRequest
 from specserve.engine import SpeculativeEngine
 from specserve.launcher import free_port, worker_processes
 from specserve.models.loading import ModelConfig
+from tests.served import local_serve, wait_until_serving
 
 TINY = ModelConfig("tiny", device="cpu", dtype="float32")
 TINY_DRAFT = ModelConfig("tiny-draft", device="cpu", dtype="float32")
@@ -99,17 +100,13 @@ def test_sigterm_to_specserve_serve_drains_grpc_and_http_streams_then_exits_zero
     """The whole stack on a local Ray instance. SIGTERM goes to the process group, as `kill -TERM -PGID`,
     systemd (the whole cgroup) or a terminal would send it: the driver and Ray's processes all get it."""
     port, http_port, max_tokens = free_port(), free_port(), 300
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "specserve.cli", "serve", "--target", "tiny", "--draft", "tiny-draft",
-               "--target-dtype", "float32", "--draft-dtype", "float32", "--target-device", "cpu",
-               "--draft-device", "cpu", "--port", str(port), "--http-port", str(http_port),
-               "--shutdown-grace-s", "120"]  # fmt: skip
+    flags = ["--target", "tiny", "--draft", "tiny-draft", "--target-dtype", "float32", "--draft-dtype", "float32",
+             "--target-device", "cpu", "--draft-device", "cpu", "--port", str(port), "--http-port", str(http_port),
+             "--shutdown-grace-s", "120"]  # fmt: skip
     log_path = tmp_path / "serve.log"
-    with open(log_path, "wb") as log:
-        serve = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with local_serve(flags, log_path) as serve:
+        wait_until_serving(port, serve)
         with SpecServeClient(f"127.0.0.1:{port}", timeout_s=120) as client:
-            _wait_until_serving(client, serve, timeout_s=240)
             events: list[dict[str, object]] = []
             errors: list[str] = []
             body = {"model": "tiny", "prompt": "def f(", "max_tokens": max_tokens, "temperature": 0,
@@ -151,11 +148,3 @@ def test_sigterm_to_specserve_serve_drains_grpc_and_http_streams_then_exits_zero
         assert "cancelled" not in output, output[-3000:]
         print(f"\nfigure: SIGTERM to the process group; both {max_tokens}-token streams finished correctly "
               f"{finished_after_s:.2f}s later; exit 0 after {time.monotonic() - started:.2f}s")  # fmt: skip
-    finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.wait(10)
-        try:  # Ray's processes, whatever happened to the driver
-            os.killpg(serve.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
