@@ -52,6 +52,7 @@ def test_a_model_name_alone_keeps_the_roles_defaults() -> None:
         ({"target": {"model": {"name": "x", "dtype": "float8"}}}, "target.model: dtype must be auto or one of"),
         ({"ray": "auto"}, "ray: expected a mapping"),
         ({"orchestrator": {"discovery_interval_s": 0}}, "discovery_interval_s must be > 0"),
+        ({"target": {"max_load_failures": 0}}, "target: max_load_failures must be >= 1, got 0"),
     ],
 )
 def test_bad_settings_name_the_field(data: dict, message: str) -> None:
