@@ -55,7 +55,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=16, help="with --request-rate: requests per mode")
     parser.add_argument(
         "--categories", nargs="+", default=["code"], help="with --concurrency: code, chat, summarisation, "
-        "translation, 'question answering', maths",
+        "translation, 'question answering', maths, edit (code to edit: answers repeat the prompt), long-N",
     )  # fmt: skip
     parser.add_argument(
         "--modes", nargs="+", default=list(DEFAULT_MODES), help="with --concurrency/--request-rate: "
