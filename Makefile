@@ -17,9 +17,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
 
+# CI (.ci/run) runs `make lint` and then `make test`.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check specserve draft_service target_service tests
-	$(VENV)/bin/mypy specserve/core
+	$(VENV)/bin/ruff check specserve protos draft_service target_service orchestrator deploy tests scripts
+	$(VENV)/bin/mypy specserve/core orchestrator
 
 # Runs write results/*-latest.json (git-ignored), never a committed result file (results/README.md).
 bench: $(STAMP)
