@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -192,8 +193,9 @@ class Orchestrator:
         ]
         return ServingState(self.admission.num_running, self.admission.num_queued, replicas)
 
-    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+    def decode(self, token_ids: Sequence[int]) -> str:
+        # One flat list of ids decodes to one string (transformers' stub also allows a batch's list[str]).
+        return cast(str, self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
 
     def replicas(self, role: str) -> list[Replica]:
         return list(self.pools[role].replicas.values()) if role in self.pools else []
@@ -210,7 +212,7 @@ class Orchestrator:
             raise ValueError(f"{role} replicas must be in [{lowest}, {MAX_REPLICAS}], got {num_replicas}")
         logger.info("scaling %s: %d -> %d replicas", role, self.fleet.desired(role), num_replicas)
 
-        async def drain(addresses: list[str] | tuple[str, ...]) -> None:
+        async def drain(addresses: Sequence[str]) -> None:
             await pool.drain(addresses, self.config.drain_timeout_s)
 
         await self.fleet.scale(role, num_replicas, drain)
