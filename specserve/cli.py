@@ -20,16 +20,18 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from specserve.bench.command import add_bench_arguments, cmd_bench
-from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
-from specserve.core.types import SamplingParams
+from specserve.bench.command import add_bench_arguments
 from specserve.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
-from specserve.models.loading import DTYPES, QUANTIZATIONS, ModelConfig, cpu_threads
+from specserve.models.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
+from specserve.preflight import check_model_name, check_port_free
 from specserve.security import API_KEY_ENV, ORCHESTRATOR_NAME, TLSConfig
 
+# No torch, transformers or ray up here: client commands (generate --address, scale, models list, --help)
+# start in a fraction of a second; the commands that load models import what they need.
 if TYPE_CHECKING:
     from deploy.config import DeployConfig
+    from specserve.config import EngineConfig, GenerationRequest
 
 LOG_FORMAT_HELP = f"text, or one JSON object per line (default: ${LOG_FORMAT_ENV}, else text)"
 DEMO_PROMPT = 'def quicksort(items: list[int]) -> list[int]:\n    """Sort items with quicksort."""\n'
@@ -40,7 +42,7 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--target", "--model", default=DEFAULT_TARGET, help="target: preset, HF model id or directory")
     g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: preset, HF model id or directory; 'none' for none")
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPES])
+        g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES])
         g.add_argument(f"--{role}-device", default="auto")
     g.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS)
     g.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with HF models")
@@ -50,6 +52,11 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    from specserve.config import EngineConfig
+
+    for name in (args.target, args.draft):
+        if name.lower() != "none":
+            check_model_name(name)  # before anything loads: a typo is one line, not a hub timeout
     target = ModelConfig(args.target, args.target_device, args.target_dtype, args.trust_remote_code)
     draft = None
     if args.draft.lower() != "none":
@@ -74,6 +81,9 @@ def _add_request_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _request(args: argparse.Namespace, prompt: str) -> GenerationRequest:
+    from specserve.config import GenerationRequest
+    from specserve.core.types import SamplingParams
+
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     return GenerationRequest(
         prompt=None if args.chat else prompt,
@@ -89,9 +99,10 @@ def cmd_generate(args: argparse.Namespace, prompt: str | None = None) -> int:
     prompt = prompt if prompt is not None else (args.prompt if args.prompt != "-" else sys.stdin.read())
     if args.address:
         return _generate_remote(args, prompt)
+    config = _engine_config(args)  # checks the model names before the import below loads torch
     from specserve.engine import SpeculativeEngine
 
-    engine = SpeculativeEngine.from_config(_engine_config(args))
+    engine = SpeculativeEngine.from_config(config)
     for chunk in engine.stream(_request(args, prompt)):
         if args.stream and not args.json:
             sys.stdout.write(chunk.text)
@@ -105,9 +116,9 @@ def _generate_remote(args: argparse.Namespace, prompt: str) -> int:
     from google.protobuf.json_format import MessageToDict
 
     from orchestrator.client import SpecServeClient
-    from protos import convert
+    from protos.generation import generation_request_to_proto
 
-    request = convert.generation_request_to_proto(_request(args, prompt))
+    request = generation_request_to_proto(_request(args, prompt))
     with SpecServeClient(args.address, **_client_security(args)) as client:
         text, token_ids = [], []
         for chunk in client.stub.GenerateStream(request, timeout=client.timeout_s):
@@ -161,7 +172,7 @@ def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--target", "--model", help="target: preset, HF model id or directory")
     g.add_argument("--draft", help="draft: preset, HF model id or directory; 'none' serves target-only")
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPES])
+        g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPE_NAMES])
         g.add_argument(f"--{role}-device")
         g.add_argument(f"--{role}-quantization", choices=QUANTIZATIONS)
     g.add_argument("--trust-remote-code", action="store_true", default=None, help="run modelling code from HF models")
@@ -226,10 +237,22 @@ def _deploy_config(args: argparse.Namespace, **overrides: object) -> DeployConfi
     return config
 
 
+def _preflight(config: DeployConfig) -> None:
+    """What can fail before Ray starts and models load: names that cannot load, ports in use."""
+    local = config.ray.address is None  # joining a cluster, the models load on its nodes
+    for role in (config.target, config.draft):
+        if role is not None:
+            check_model_name(role.model.name, local)
+    o = config.orchestrator
+    check_port_free(o.host, o.port, "--port")
+    check_port_free(o.host, o.http_port, "--http-port")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    config = _deploy_config(args)
+    _preflight(config)
     from deploy.serve import serve
 
-    config = _deploy_config(args)
     asyncio.run(_serve_until_signalled(serve, config))
     return 0
 
@@ -239,11 +262,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     line for the OpenAI-compatible API, run once, and (unless --once) serving until Ctrl-C."""
     import threading
 
-    from deploy.serve import serve
     from specserve.launcher import free_port
 
     http_port = {} if args.no_http else {"http_port": args.http_port or free_port()}
     config = _deploy_config(args, port=free_port(), **http_port)
+    _preflight(config)
+    from deploy.serve import serve
+
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     listening = threading.Event()
@@ -347,7 +372,7 @@ def _print_replicas(replica_set: object) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from specserve.models.loading import default_home, ensure_converted, verify_converted
+    from specserve.models.config import default_home
 
     home = default_home()
     if args.action == "list":
@@ -360,6 +385,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         if preset is None or not hasattr(preset.source, "sha256"):
             print(f"{name}: not a downloadable preset (see `specserve models list`)", file=sys.stderr)
             return 2
+        from specserve.models.loading import ensure_converted, verify_converted
+
         directory = ensure_converted(preset, home)
         if args.action == "verify":
             verify_converted(preset, home)
@@ -424,7 +451,7 @@ def worker_parser(role: str) -> argparse.ArgumentParser:
     """The flags of `python -m draft_service` / `python -m target_service` (launcher.py writes them)."""
     parser = argparse.ArgumentParser(prog=f"python -m {role}_service", description=f"serve a {role} model over gRPC")
     parser.add_argument("--model", required=True, help="preset, HF model id or local directory")
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_NAMES])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--quantization", default="auto" if role == "draft" else "none", choices=QUANTIZATIONS)
     parser.add_argument("--trust-remote-code", action="store_true")
@@ -478,6 +505,8 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
         slots: dict[str, int] = {}
         if role == "draft":
             slots = {"draft_slots": args.draft_slots, "draft_slot_tokens": args.draft_slot_tokens}
+        from specserve.config import WorkerServiceConfig
+
         config = WorkerServiceConfig(
             model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size, tls,
             prefill_chunk_tokens=args.prefill_chunk_tokens, **slots,
@@ -489,6 +518,8 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
         return 2
     if args.cpu_threads is not None or "OMP_NUM_THREADS" not in os.environ:  # else torch already follows it
         import torch
+
+        from specserve.models.loading import cpu_threads
 
         torch.set_num_threads(cpu_threads(role, args.cpu_threads))
     asyncio.run(_serve_until_signalled(serve, config))
@@ -523,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_scale(args)
         if args.command == "bench":
             signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwinds like Ctrl-C: its workers stop too
+            from specserve.bench.command import cmd_bench
+
             return cmd_bench(args, _engine_config(args))
         if args.command == "certs":
             return cmd_certs(args)

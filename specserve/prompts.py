@@ -3,10 +3,13 @@ Shared by the in-process engine and the orchestrator, so both read a request the
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from specserve.config import GenerationRequest
 from specserve.core.loop import StopConditions
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MAX_NUM_SPECULATIVE_TOKENS = 32
 
