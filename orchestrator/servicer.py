@@ -59,6 +59,8 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
             default_num_speculative_tokens=o.default_k,
             max_num_speculative_tokens=MAX_NUM_SPECULATIVE_TOKENS,
             max_context=o.target_info.max_context,
+            adaptive=o.adaptive,
+            max_adaptive_num_speculative_tokens=o.max_adaptive_k,
         )
 
 

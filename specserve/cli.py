@@ -40,15 +40,15 @@ DEMO_PROMPT = 'def quicksort(items: list[int]) -> list[int]:\n    """Sort items 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("models")
     g.add_argument("--target", "--model", default=DEFAULT_TARGET, help="target: preset, HF model id or directory")
-    g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: preset, HF model id or directory; 'none' for none")
+    g.add_argument("--draft", "--speculative-model", default=DEFAULT_DRAFT,
+                   help="draft: preset, HF model id or directory; 'none' for none")  # fmt: skip
     for role in ("target", "draft"):
         g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES])
         g.add_argument(f"--{role}-device", default="auto")
     g.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS)
     g.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with HF models")
-    g.add_argument(
-        "-k", "--num-speculative-tokens", type=int, default=None, help="drafts per round (default 4); 0 = target-only"
-    )
+    g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="drafts per round; 0 = target-only "
+                   "(default: in process 4; with --address, the server's k, adaptive by default)")  # fmt: skip
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -170,7 +170,8 @@ def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g = parser.add_argument_group("models (default: the qwen2.5-coder 1.5b target, 0.5b draft)")
     g.add_argument("--target", "--model", help="target: preset, HF model id or directory")
-    g.add_argument("--draft", help="draft: preset, HF model id or directory; 'none' serves target-only")
+    g.add_argument("--draft", "--speculative-model", help="draft: preset, HF model id or directory; 'none' serves "
+                   "target-only")  # fmt: skip
     for role in ("target", "draft"):
         g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPE_NAMES])
         g.add_argument(f"--{role}-device")
@@ -181,8 +182,19 @@ def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{role}-replicas", type=int)
         g.add_argument(f"--{role}-num-gpus", type=float)
         g.add_argument(f"--{role}-num-cpus", type=float)
+    from orchestrator.config import OrchestratorConfig
+
+    defaults = OrchestratorConfig()
+    k, max_k = defaults.num_speculative_tokens, defaults.max_adaptive_k
+    g = parser.add_argument_group("speculation (a request that sets k gets that k)",
+                                  f"Default: requests that do not set k get adaptive k, 0..{max_k} drafts per round as "
+                                  f"acceptance and costs say; seeded samples keep a fixed {k}.")  # fmt: skip
+    g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="fixed k: K drafts per round for "
+                   "requests that do not set k (adaptive off unless --adaptive is given); 0 = target-only")  # fmt: skip
+    g.add_argument("--max-speculative-tokens", type=int, metavar="K", help=f"adaptive k's bound (default {max_k})")
+    g.add_argument("--adaptive", action=argparse.BooleanOptionalAction, help="adaptive k for requests that do not "
+                   f"set k (default: on, unless -k is given); --no-adaptive: the fixed k (default {k})")  # fmt: skip
     g = parser.add_argument_group("orchestrator")
-    g.add_argument("-k", "--num-speculative-tokens", type=int, help="drafts per round (default 4); 0 = target-only")
     g.add_argument("--host", help="interface of the public API (default 127.0.0.1; 0.0.0.0 opens it)")
     g.add_argument("--port", type=int, help="public API port (default 50051)")
     g.add_argument("--no-pipeline", action="store_true", default=None, help="do not pre-draft during verification")
@@ -215,8 +227,13 @@ def _deploy_config(args: argparse.Namespace, **overrides: object) -> DeployConfi
             flags[f"{role}.model.{field}"] = getattr(args, f"{role}_{field}")
         for field in ("replicas", "num_gpus", "num_cpus"):
             flags[f"{role}.{field}"] = getattr(args, f"{role}_{field}")
+    adaptive = args.adaptive
+    if adaptive is None and args.num_speculative_tokens is not None:
+        adaptive = False  # a k given is the k requests get (vLLM's --num-speculative-tokens)
     flags |= {
         "orchestrator.num_speculative_tokens": args.num_speculative_tokens,
+        "orchestrator.adaptive": adaptive,
+        "orchestrator.max_adaptive_k": args.max_speculative_tokens,
         "orchestrator.host": args.host,
         "orchestrator.port": args.port,
         "orchestrator.pipelined": False if args.no_pipeline else None,
