@@ -21,8 +21,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check specserve draft_service target_service tests
 	$(VENV)/bin/mypy specserve/core
 
+# Writes results/ (git-ignored), not the committed docs/bench-humaneval.json it can be compared with
+BENCH_JSON ?= results/bench-humaneval-$(shell date -u +%Y%m%d-%H%M).json
 bench: $(STAMP)
-	$(VENV)/bin/specserve bench --num-prompts 10 --max-tokens 128 --json docs/bench-humaneval.json
+	mkdir -p $(dir $(BENCH_JSON))
+	$(VENV)/bin/specserve bench --num-prompts 10 --max-tokens 128 --json $(BENCH_JSON)
 
 # docs/reliability.md: 32 streaming clients, 1,000 requests on the tiny models (then the same past a limit of 8)
 soak: $(STAMP)

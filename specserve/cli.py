@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from specserve.config import EngineConfig, GenerationRequest
 
 LOG_FORMAT_HELP = f"text, or one JSON object per line (default: ${LOG_FORMAT_ENV}, else text)"
+DTYPE_HELP = "auto: bfloat16 on GPUs and CPUs that compute it, else float32 (tiny models: float32)"
+DEVICE_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:N"
+QUANTIZATION_HELP = "CPU only: int8 / int4 weights; auto: int4 on AVX-512, else int8 for a draft, none on GPUs"
 DEMO_PROMPT = 'def quicksort(items: list[int]) -> list[int]:\n    """Sort items with quicksort."""\n'
 
 
@@ -43,9 +46,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", "--speculative-model", default=DEFAULT_DRAFT,
                    help="draft: preset, HF model id or directory; 'none' for none")  # fmt: skip
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES])
-        g.add_argument(f"--{role}-device", default="auto")
-    g.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS)
+        g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
+        g.add_argument(f"--{role}-device", default="auto", help=DEVICE_HELP)
+    g.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     g.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with HF models")
     g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="drafts per round; 0 = target-only "
                    "(default: in process 4; with --address, the server's k, adaptive by default)")  # fmt: skip
@@ -69,15 +72,17 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def _add_request_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("request")
-    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1: off)")
+    g.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (default 0: off)")
+    g.add_argument("--seed", type=int, default=None, help="seeded sampling reproduces its output")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids, stats")
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens (exactly "
+                   "--max-tokens, as benchmarks want)")  # fmt: skip
 
 
 def _request(args: argparse.Namespace, prompt: str) -> GenerationRequest:
@@ -92,6 +97,7 @@ def _request(args: argparse.Namespace, prompt: str) -> GenerationRequest:
         sampling=sampling,
         stop=tuple(args.stop),
         num_speculative_tokens=args.num_speculative_tokens,
+        ignore_eos=args.ignore_eos,
     )
 
 
@@ -173,15 +179,15 @@ def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", "--speculative-model", help="draft: preset, HF model id or directory; 'none' serves "
                    "target-only")  # fmt: skip
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPE_NAMES])
-        g.add_argument(f"--{role}-device")
-        g.add_argument(f"--{role}-quantization", choices=QUANTIZATIONS)
+        g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
+        g.add_argument(f"--{role}-device", help=DEVICE_HELP)
+        g.add_argument(f"--{role}-quantization", choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     g.add_argument("--trust-remote-code", action="store_true", default=None, help="run modelling code from HF models")
     g = parser.add_argument_group("replicas and placement (per replica)")
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-replicas", type=int)
-        g.add_argument(f"--{role}-num-gpus", type=float)
-        g.add_argument(f"--{role}-num-cpus", type=float)
+        g.add_argument(f"--{role}-replicas", type=int, help="replicas at start (default 1)")
+        g.add_argument(f"--{role}-num-gpus", type=float, help="GPUs per replica; < 1 shares one (default 0)")
+        g.add_argument(f"--{role}-num-cpus", type=float, help="CPUs per replica, as Ray counts them (default 1)")
     from orchestrator.config import OrchestratorConfig
 
     defaults = OrchestratorConfig()
@@ -385,7 +391,8 @@ def _print_replicas(replica_set: object) -> None:
         desired = getattr(replica_set, f"desired_{role}_replicas")
         print(f"{role}: {desired} wanted, {sum(r.state == 'serving' for r in replicas)} serving")
         for r in replicas:
-            print(f"  {r.address:24} {r.state:9} {r.active_sessions} sessions")
+            sessions = "session" if r.active_sessions == 1 else "sessions"
+            print(f"  {r.address:24} {r.state:9} {r.active_sessions} {sessions}")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -427,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text for PROMPT ('-' reads stdin)")
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", help="the prompt text ('-' reads it from stdin); with --chat, the user message")
     gen.add_argument("--address", help="a running orchestrator (HOST:PORT); without it, generate in this process")
     _add_client_security_flags(gen)
     _add_model_flags(gen)
@@ -444,8 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     scale = sub.add_parser("scale", help="change or list the replicas behind a running orchestrator")
     scale.add_argument("--address", required=True, help="the orchestrator, HOST:PORT")
     _add_client_security_flags(scale)
-    scale.add_argument("--draft-replicas", type=int)
-    scale.add_argument("--target-replicas", type=int)
+    scale.add_argument("--draft-replicas", type=int, help="draft replicas wanted (without counts: list them)")
+    scale.add_argument("--target-replicas", type=int, help="target replicas wanted")
     scale.add_argument("--wait", action="store_true", help="return once every wanted replica serves")
     scale.add_argument("--timeout", type=float, default=900.0, help="seconds for the call (and --wait)")
 
@@ -459,8 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
 
     models = sub.add_parser("models", help="list presets; fetch or verify their weights")
-    models.add_argument("action", choices=["list", "fetch", "verify"])
-    models.add_argument("names", nargs="*")
+    models.add_argument("action", choices=["list", "fetch", "verify"], help="list: the presets; fetch: download, "
+                        "verify and convert their weights; verify: hash the converted weights again")  # fmt: skip
+    models.add_argument("names", nargs="*", default=[], help="presets to fetch or verify (default: the default "
+                        f"target and draft, {DEFAULT_TARGET} and {DEFAULT_DRAFT})")  # fmt: skip
+    for command in sub.choices.values():
+        command.set_defaults(command_parser=command)  # main() reports stray arguments with its usage
     return parser
 
 
@@ -557,8 +568,26 @@ def _configure_logging(verbose: bool, log_format: str | None = None) -> None:
         os.environ[LOG_FORMAT_ENV] = log_format
 
 
+def _tls_hint(args: argparse.Namespace, error: grpc.RpcError) -> str:
+    """Where a connection failed because one side speaks TLS and the other does not, say so."""
+    address = getattr(args, "address", None)
+    if error.code() != grpc.StatusCode.UNAVAILABLE or not address:  # type: ignore[attr-defined]
+        return ""
+    from specserve.security import speaks_tls
+
+    tls = speaks_tls(address)
+    if tls and not getattr(args, "tls_ca", None):
+        return " (this server speaks TLS: pass --tls-ca with the CA of its certificate, DIR/ca.pem of specserve certs)"
+    if tls is False and getattr(args, "tls_ca", None):
+        return " (this server speaks plaintext, not TLS: leave out --tls-ca)"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would print the top-level usage; the command's own is the useful one
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     _configure_logging(args.verbose or args.command == "serve", args.log_format)  # a server says where it listens
     try:
         if args.command == "generate":
@@ -581,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specserve: error: {error}", file=sys.stderr)
         return 2
     except grpc.RpcError as error:  # a server answered with an error, or none answered
-        print(f"specserve: error: {error.code().name}: {error.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        print(f"specserve: error: {error.code().name}: {error.details()}{_tls_hint(args, error)}", file=sys.stderr)  # type: ignore[attr-defined]
         return 1
 
 

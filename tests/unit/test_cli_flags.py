@@ -58,3 +58,33 @@ def test_a_config_file_keeps_its_k_unless_a_flag_says(tmp_path: Path) -> None:
     path.write_text("[orchestrator]\nadaptive = false\nnum_speculative_tokens = 6\n")
     assert k_settings(serve_config("--config", str(path))) == (False, 6, 8)
     assert k_settings(serve_config("--config", str(path), "--adaptive")) == (True, 6, 8)
+
+
+def test_stray_arguments_get_the_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    from specserve.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--foo"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: specserve serve") and "specserve serve: error: unrecognized arguments: --foo" in err
+    with pytest.raises(SystemExit):
+        main(["models"])
+    assert "required: action\n" in capsys.readouterr().err  # names are optional
+
+
+def test_generate_flags_and_every_flag_has_help() -> None:
+    args = build_parser().parse_args(["generate", "--ignore-eos", "hi"])
+    assert args.ignore_eos and args.prompt == "hi"
+    for argv in (["generate", "hi"], ["serve"], ["bench"], ["models", "list"], ["scale", "--address", "x:1"]):
+        command = build_parser().parse_args(argv).command_parser
+        assert [a.dest for a in command._actions if not a.help] == [], argv
+
+
+def test_replica_lines_count_sessions(capsys: pytest.CaptureFixture[str]) -> None:
+    from protos import specserve_pb2 as pb
+    from specserve.cli import _print_replicas
+
+    replicas = [pb.ReplicaInfo(role="target", address="a:1", state="serving", active_sessions=n) for n in (1, 2)]
+    _print_replicas(pb.ReplicaSet(replicas=replicas, desired_target_replicas=2))
+    out = capsys.readouterr().out
+    assert " 1 session\n" in out and " 2 sessions\n" in out
