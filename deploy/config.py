@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from orchestrator.service import OrchestratorConfig
+from orchestrator.config import OrchestratorConfig
 from specserve.config import WorkerServiceConfig
-from specserve.models.loading import ModelConfig
+from specserve.models.config import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.security import TLSConfig, read_api_key
 
