@@ -193,7 +193,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids", "num_sessions", "placement")
+    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids", "num_sessions", "placement", "token_agnostic")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class ModelInfoResponse(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_AGNOSTIC_FIELD_NUMBER: _ClassVar[int]
     model: str
     tokenizer_fingerprint: str
     vocab_size: int
@@ -208,7 +209,8 @@ class ModelInfoResponse(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_sessions: int
     placement: Placement
-    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_sessions: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
+    token_agnostic: bool
+    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_sessions: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., token_agnostic: _Optional[bool] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("host", "device", "cpus")
@@ -257,16 +259,18 @@ class ProposeRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., num_kept: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., confidence_threshold: _Optional[float] = ..., target_idle: _Optional[bool] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("token_ids", "probs", "compute_ms", "batch_size")
+    __slots__ = ("token_ids", "probs", "compute_ms", "batch_size", "source")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: SparseProbs
     compute_ms: float
     batch_size: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    source: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "draft_token_ids", "draft_probs", "sampling")
