@@ -23,12 +23,17 @@ class HybridConfig:
     min_relative_acceptance: float = 0.8
     """... and while its acceptance in this session is at least this fraction of the model's: a lookup
     round costs the target the same verification and the draft nothing, so it may be somewhat worse."""
+    memory: float = 0.9
+    """Each judged window first scales both sources' counts by this: acceptance is that of recent windows,
+    and a source left for a while drifts back to its untried estimate and is tried again."""
 
     def __post_init__(self) -> None:
         if self.min_match < self.lookup.min_ngram:
             raise ValueError(f"min_match must be >= lookup.min_ngram {self.lookup.min_ngram}, got {self.min_match}")
         if self.min_relative_acceptance < 0:
             raise ValueError(f"min_relative_acceptance must be >= 0, got {self.min_relative_acceptance}")
+        if not 0 < self.memory <= 1:
+            raise ValueError(f"memory must be in (0, 1], got {self.memory}")
 
 
 class HybridSession(DraftSession):
@@ -36,27 +41,31 @@ class HybridSession(DraftSession):
 
     The rule, per round: lookup drafts when the longest suffix match is at least `min_match` tokens long
     and lookup's acceptance rate in this session is at least `min_relative_acceptance` times the model's;
-    otherwise the model drafts. Each source's rate is (accepted + 1) / (proposed + 2) over its windows
-    the target has judged so far, so both start equal and lookup is tried on its first good match. A
-    window is judged when a commit carries new tokens or cuts the context (a pre-draft's commit, which
-    keeps everything and adds nothing, only assumes)."""
+    otherwise the model drafts. Each source's rate is (accepted + 1) / (proposed + 1) over its recent
+    judged windows (counts fade by `memory` per judged window): 1 untried, so lookup is tried on its first
+    good match, and tried again some rounds after it did badly. A window is judged when a commit carries
+    new tokens or cuts the context (a pre-draft's commit, which keeps everything and adds nothing, only
+    assumes). The adaptive k of the orchestrator sees the cheaper lookup rounds in its round times."""
 
     def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None, config: HybridConfig):
         super().__init__(loaded, prompt_token_ids, seed)
         self.config = config
         self.lookup = LookupSession(prompt_token_ids, config.lookup)
-        self.num_proposed = {MODEL_SOURCE: 0, LOOKUP_SOURCE: 0}
-        self.num_accepted = {MODEL_SOURCE: 0, LOOKUP_SOURCE: 0}
+        self.num_proposed = {MODEL_SOURCE: 0.0, LOOKUP_SOURCE: 0.0}  # recent windows' drafts, fading
+        self.num_accepted = {MODEL_SOURCE: 0.0, LOOKUP_SOURCE: 0.0}
         self._unjudged: list[tuple[int, int, str]] = []  # (start, length, source) of windows not yet judged
         self._lookup_round: tuple[list[int], SamplingParams] | None = None
 
     def acceptance(self, source: str) -> float:
-        return (self.num_accepted[source] + 1) / (self.num_proposed[source] + 2)
+        return (self.num_accepted[source] + 1) / (self.num_proposed[source] + 1)
 
     def commit(self, num_kept: int, new_token_ids: list[int]) -> None:
         if new_token_ids or num_kept < len(self.sequence.token_ids):
             for start, length, source in self._unjudged:
                 if start <= num_kept:  # else never verified (a pre-draft after a rejection)
+                    for counts in (self.num_proposed, self.num_accepted):
+                        for name in counts:
+                            counts[name] *= self.config.memory
                     self.num_proposed[source] += length
                     self.num_accepted[source] += min(length, num_kept - start)
             self._unjudged.clear()

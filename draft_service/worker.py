@@ -173,7 +173,7 @@ class DraftSession:
 
     def propose(self, k: int, sampling: SamplingParams) -> Proposal:
         start = len(self.sequence.token_ids)
-        for _ in range(k):  # feeds the accepted tokens first, then each proposal
+        for _ in range(self.model_k(k, sampling)):  # feeds the accepted tokens first, then each proposal
             if self.step(self.sequence.feed(1)[-1], sampling) < self.confidence_threshold:
                 break
         return self.take_proposal(start)

@@ -1,0 +1,68 @@
+"""Prompt lookup (`ngram`) and the hybrid (`tiny-draft+ngram`) served on the tiny models: lossless greedy
+output, lookup accepted on prompts that repeat themselves, the model info and the tokenizer check."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from orchestrator.client import SpecServeClient
+from orchestrator.remote import ModelInfo
+from orchestrator.service import check_pair
+from protos import specserve_pb2 as pb
+from protos import specserve_pb2_grpc as pb_grpc
+from specserve.config import GenerationRequest
+from specserve.engine import SpeculativeEngine
+from specserve.models.tokenizers import TokenizerMismatchError
+from tests.stack import LocalStack
+
+REPETITIVE = [
+    "the cat sat on the mat. the cat sat on the mat. the cat sat on the",
+    "def f(x):\n    return x\ndef f(x):\n    return x\n",
+]
+PROMPTS = [*REPETITIVE, "a", "import numpy as np\n"]
+
+
+def reference(engine: SpeculativeEngine, prompt: str, max_tokens: int = 40) -> list[int]:
+    request = GenerationRequest(prompt=prompt, max_tokens=max_tokens, num_speculative_tokens=0)
+    return engine.generate(request).token_ids
+
+
+@pytest.mark.parametrize("draft", ["ngram", "tiny-draft+ngram"])
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_greedy_output_equals_target_only(engine: SpeculativeEngine, draft: str, pipelined: bool) -> None:
+    with LocalStack(draft=draft, pipelined=pipelined) as stack, SpecServeClient(stack.address, timeout_s=60) as client:
+        accepted = 0
+        for prompt in PROMPTS:
+            for k in (None, 4):  # None: adaptive k
+                response = client.generate(prompt, max_tokens=40, num_speculative_tokens=k)
+                assert list(response.token_ids) == reference(engine, prompt), (draft, prompt, k)
+                if prompt in REPETITIVE:
+                    accepted += response.stats.accepted
+        assert accepted > 0, f"{draft}: lookup never got a draft accepted on prompts that repeat themselves"
+
+
+def test_a_lookup_draft_says_it_is_token_agnostic_and_serves_without_a_model() -> None:
+    with LocalStack(draft="ngram") as stack:
+        with grpc.insecure_channel(stack.addresses["draft"]) as channel:
+            info = pb_grpc.DraftServiceStub(channel).GetModelInfo(pb.ModelInfoRequest(), timeout=5)
+        assert info.model == "ngram" and info.token_agnostic
+        assert info.tokenizer_fingerprint == "" and info.vocab_size == 0
+        with SpecServeClient(stack.address) as client:
+            assert client.info().draft_model == "ngram"
+
+
+def test_the_hybrid_reports_its_full_name_and_the_model_tokenizer() -> None:
+    with LocalStack(draft="tiny-draft+ngram") as stack:
+        with grpc.insecure_channel(stack.addresses["draft"]) as channel:
+            info = pb_grpc.DraftServiceStub(channel).GetModelInfo(pb.ModelInfoRequest(), timeout=5)
+        assert info.model == "tiny-draft+ngram" and not info.token_agnostic and info.tokenizer_fingerprint
+
+
+def test_a_token_agnostic_draft_passes_the_tokenizer_check_and_a_model_draft_does_not() -> None:
+    target = ModelInfo("tiny", "a" * 64, 260, 512, frozenset({1}))
+    check_pair(ModelInfo("ngram", "", 0, 0, frozenset(), token_agnostic=True), target)
+    with pytest.raises(TokenizerMismatchError, match="different tokenizers"):
+        check_pair(ModelInfo("other", "b" * 64, 260, 512, frozenset({1})), target)
+    with pytest.raises(TokenizerMismatchError):  # an empty fingerprint without the flag is still refused
+        check_pair(ModelInfo("other", "", 0, 0, frozenset()), target)
