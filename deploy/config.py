@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from draft_service.lookup import parse_draft_name
 from orchestrator.service import OrchestratorConfig
 from specserve.config import WorkerServiceConfig
 from specserve.models.loading import ModelConfig
@@ -20,6 +21,9 @@ from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.security import TLSConfig, read_api_key
 
 ROLES = ("draft", "target")
+LOOKUP_NUM_CPUS = 0.25
+"""CPUs a prompt-lookup draft replica (`ngram`: no model) asks Ray for unless the config says: it keeps token
+lists and an n-gram index per session, and asks for no GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +74,17 @@ class RoleConfig:
             raise ValueError(f"max_restarts must be -1 (always) or >= 0, got {self.max_restarts}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if self.lookup_only and (self.num_gpus or self.accelerator_type):
+            raise ValueError(
+                f"num_gpus / accelerator_type: a lookup draft ({self.model.name!r}) loads no model and uses no GPU; "
+                f"set num_gpus to 0 and no accelerator_type (got {self.num_gpus}, {self.accelerator_type})"
+            )
         self.service("127.0.0.1")  # validates the server's own settings
+
+    @property
+    def lookup_only(self) -> bool:
+        """The replicas serve prompt lookup alone (`ngram`), with no model."""
+        return parse_draft_name(self.model.name)[0] is None
 
     def service(self, host: str, tls: TLSConfig | None = None) -> WorkerServiceConfig:
         """The gRPC server one replica runs, listening on `host` (port chosen when it starts)."""
@@ -140,6 +154,8 @@ class DeployConfig:
     def __post_init__(self) -> None:
         if self.target.replicas < 1:
             raise ValueError(f"target.replicas must be >= 1, got {self.target.replicas}")
+        if parse_draft_name(self.target.model.name)[1]:
+            raise ValueError(f"target.model.name: {self.target.model.name!r} is a drafter; a target is a model")
 
     def role(self, name: str) -> RoleConfig | None:
         return self.target if name == "target" else self.draft
@@ -203,6 +219,8 @@ def _role(data: Any, where: str, default_model: ModelConfig) -> RoleConfig:
     else:
         data["model"] = _build(ModelConfig, {"name": default_model.name, **_mapping(model, f"{where}.model")},
                                f"{where}.model", defaults=default_model)  # fmt: skip
+    if where == "draft" and parse_draft_name(data["model"].name)[0] is None:
+        data.setdefault("num_cpus", LOOKUP_NUM_CPUS)  # prompt lookup: a little CPU, no GPU
     return _build(RoleConfig, data, where)
 
 

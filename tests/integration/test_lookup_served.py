@@ -42,6 +42,15 @@ def test_greedy_output_equals_target_only(engine: SpeculativeEngine, draft: str,
         assert accepted > 0, f"{draft}: lookup never got a draft accepted on prompts that repeat themselves"
 
 
+def test_losing_the_lookup_draft_degrades_to_target_only(engine: SpeculativeEngine) -> None:
+    with LocalStack(draft="ngram") as stack, SpecServeClient(stack.address, timeout_s=60) as client:
+        prompt = REPETITIVE[0]
+        assert client.generate(prompt, max_tokens=40).stats.proposed > 0
+        stack.stop_worker("draft")
+        response = client.generate(prompt, max_tokens=40)
+        assert list(response.token_ids) == reference(engine, prompt) and response.stats.proposed == 0
+
+
 def test_a_lookup_draft_says_it_is_token_agnostic_and_serves_without_a_model() -> None:
     with LocalStack(draft="ngram") as stack:
         with grpc.insecure_channel(stack.addresses["draft"]) as channel:
@@ -66,3 +75,33 @@ def test_a_token_agnostic_draft_passes_the_tokenizer_check_and_a_model_draft_doe
         check_pair(ModelInfo("other", "b" * 64, 260, 512, frozenset({1})), target)
     with pytest.raises(TokenizerMismatchError):  # an empty fingerprint without the flag is still refused
         check_pair(ModelInfo("other", "", 0, 0, frozenset()), target)
+
+
+def test_the_ray_actor_serves_a_lookup_draft_without_loading_a_model() -> None:
+    """deploy/actors.py's WorkerActor is a plain class: the same start-up Ray runs, without Ray."""
+    import time
+
+    from deploy.actors import FAILED, LISTENING, WorkerActor
+    from specserve.config import WorkerServiceConfig
+    from specserve.models.loading import ModelConfig
+
+    actor = WorkerActor("draft", WorkerServiceConfig(ModelConfig("ngram"), host="127.0.0.1"), cpu_threads=1)
+    actor.start()
+    try:
+        deadline = time.monotonic() + 60
+        while (status := actor.status())[0] != LISTENING:
+            assert status[0] != FAILED and time.monotonic() < deadline, status
+            time.sleep(0.05)
+        with grpc.insecure_channel(status[1]) as channel:
+            stub = pb_grpc.DraftServiceStub(channel)
+            deadline = time.monotonic() + 60
+            while True:  # listening comes before serving; a lookup draft has nothing to load
+                try:
+                    info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=5)
+                    break
+                except grpc.RpcError as error:
+                    assert error.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, error
+                    time.sleep(0.05)
+            assert info.model == "ngram" and info.token_agnostic
+    finally:
+        actor.stop()
