@@ -54,8 +54,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-requests", type=int, default=16, help="with --request-rate: requests per mode")
     parser.add_argument(
-        "--categories", nargs="+", default=["code"], help="with --concurrency: code, chat, summarisation, "
-        "translation, 'question answering', maths",
+        "--categories", "--category", nargs="+", default=["code"], help="the workloads: code (HumanEval), chat, "
+        "summarisation, translation, 'question answering', maths, long-N (specserve/bench/workloads.py)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--drafts", nargs="+", default=[], metavar="DRAFT", help="with --served: also measure these draft services "
+        "over the same target worker, at adaptive k and each of --ks, e.g. ngram (prompt lookup) or "
+        "qwen2.5-coder-0.5b+ngram (the hybrid); outputs checked against target-only's",
     )  # fmt: skip
     parser.add_argument(
         "--modes", nargs="+", default=list(DEFAULT_MODES), help="with --concurrency/--request-rate: "
@@ -91,6 +96,7 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
         baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_plain_target=not args.no_hf_plain,
         hf_fp32_draft=not args.no_fp32_draft, in_process=not args.no_in_process,
         served=args.served, address=args.address, stop_threshold=args.confidence_threshold if args.early_stop else 0.0,
+        categories=tuple(args.categories), extra_drafts=tuple(args.drafts),
     )  # fmt: skip
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     summary = run_bench(cfg)
