@@ -100,6 +100,8 @@ class LookupSession:
     """Implements core.Drafter by prompt lookup. Its context includes its own last proposal (as a model
     draft's does), so that the orchestrator's keep-N commit works the same for both."""
 
+    confidence_threshold = 0.0  # DraftSession's window stop; a lookup's draft is certain, so it never stops
+
     def __init__(self, prompt_token_ids: list[int], config: LookupConfig = LookupConfig()) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")

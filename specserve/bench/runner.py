@@ -217,7 +217,7 @@ def workload_texts(cfg: BenchConfig, target: LoadedModel) -> list[str]:
         for prompt, chat in workload(category, cfg.num_prompts):
             if chat:
                 messages = [{"role": "user", "content": prompt}]
-                prompt = target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                prompt = str(target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
             texts.append(prompt)
     return texts
 
