@@ -118,6 +118,10 @@ class ModeResult:
         total.target_s += stats.target_s
         total.prefill_s += stats.prefill_s
         total.transport_s += stats.transport_s
+        for source, proposed in stats.proposed_by_source.items():
+            total.proposed_by_source[source] = total.proposed_by_source.get(source, 0) + proposed
+            accepted = stats.accepted_by_source.get(source, 0)
+            total.accepted_by_source[source] = total.accepted_by_source.get(source, 0) + accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +387,11 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
                 theoretical_speedup=round(theory, 3),
                 speedup_vs_same_target=round(speedup_same_target, 3),
                 efficiency=round(speedup_same_target / theory, 3),
+            )
+        if mode.draft:  # which drafter made the drafts (the hybrid's mix)
+            row.update(
+                proposed_by_source=dict(mode.stats.proposed_by_source),
+                accepted_by_source=dict(mode.stats.accepted_by_source),
             )
         if mode.kind == "served" and mode.stats.num_rounds:
             row["transport_ms_per_round"] = round(1000 * mode.stats.transport_s / mode.stats.num_rounds, 2)

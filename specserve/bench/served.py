@@ -138,6 +138,8 @@ def client_runner(client: SpecServeClient, k: int | None, cfg: BenchConfig) -> R
             draft_s=s.draft_ms / 1000,
             target_s=s.target_ms / 1000,
             transport_s=s.transport_ms / 1000,
+            proposed_by_source=dict(s.proposed_by_source),
+            accepted_by_source=dict(s.accepted_by_source),
         )
         return list(response.token_ids), seconds, stats, 0
 

@@ -103,6 +103,8 @@ class SpeculationStats:
             "proposed_at_position": list(self.proposed_at_position),
             "accepted_at_position": list(self.accepted_at_position),
             "draft_hidden_ms": self.draft_hidden_s * 1000,
+            "proposed_by_source": dict(self.proposed_by_source),
+            "accepted_by_source": dict(self.accepted_by_source),
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -113,6 +113,9 @@ def test_the_served_bench_measures_lookup_and_hybrid_drafts_over_the_same_target
         assert "served_vs_in_process" not in rows[name]
     assert "draft ngram" in rows["served ngram k=4"]["settings"]
     assert rows["served tiny-draft+ngram k=4"]["acceptance_rate"] > 0  # the tiny target repeats itself
+    assert set(rows["served ngram k=4"]["proposed_by_source"]) <= {"ngram"}
+    hybrid = rows["served tiny-draft+ngram k=4"]["proposed_by_source"]
+    assert sum(hybrid.values()) > 0 and set(hybrid) <= {"model", "ngram"}
     with pytest.raises(ValueError, match="add served"):
         BenchConfig(target="tiny", draft="tiny-draft", extra_drafts=("ngram",))
 

@@ -32,14 +32,16 @@ def reference(engine: SpeculativeEngine, prompt: str, max_tokens: int = 40) -> l
 @pytest.mark.parametrize("pipelined", [True, False])
 def test_greedy_output_equals_target_only(engine: SpeculativeEngine, draft: str, pipelined: bool) -> None:
     with LocalStack(draft=draft, pipelined=pipelined) as stack, SpecServeClient(stack.address, timeout_s=60) as client:
-        accepted = 0
+        accepted, sources = 0, set()
         for prompt in PROMPTS:
             for k in (None, 4):  # None: adaptive k
                 response = client.generate(prompt, max_tokens=40, num_speculative_tokens=k)
                 assert list(response.token_ids) == reference(engine, prompt), (draft, prompt, k)
                 if prompt in REPETITIVE:
-                    accepted += response.stats.accepted
+                    accepted += response.stats.accepted_by_source["ngram"]
+                sources |= {s for s, n in response.stats.proposed_by_source.items() if n}
         assert accepted > 0, f"{draft}: lookup never got a draft accepted on prompts that repeat themselves"
+        assert sources == ({"ngram"} if draft == "ngram" else {"ngram", "model"}), sources
 
 
 def test_losing_the_lookup_draft_degrades_to_target_only(engine: SpeculativeEngine) -> None:
