@@ -56,6 +56,10 @@ class RoleConfig:
     """A draft on CUDA: sessions in its preallocated KV pool, stepped by CUDA graphs (0: none)."""
     draft_slot_tokens: int = 4096
     """A draft on CUDA: context one pool slot holds."""
+    prompt_lookup_max: int = 4
+    """A prompt-lookup draft (`ngram`, `MODEL+ngram`): the longest suffix n-gram it looks up."""
+    prompt_lookup_min: int = 2
+    """... and the shortest."""
     cpu_threads: int | None = None
     """Torch threads for CPU inference; None: every core of the node for a target, a quarter for a draft
     (specserve.models.loading.cpu_threads; Ray would otherwise cap OMP_NUM_THREADS at num_cpus)."""
@@ -91,7 +95,8 @@ class RoleConfig:
         return WorkerServiceConfig(
             self.model, host, 0, self.max_sessions, self.idle_ttl_s, self.max_batch_size, tls,
             prefill_chunk_tokens=self.prefill_chunk_tokens, draft_slots=self.draft_slots,
-            draft_slot_tokens=self.draft_slot_tokens,
+            draft_slot_tokens=self.draft_slot_tokens, prompt_lookup_max=self.prompt_lookup_max,
+            prompt_lookup_min=self.prompt_lookup_min,
         )  # fmt: skip
 
     def ray_resources(self) -> dict[str, float]:

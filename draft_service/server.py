@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import grpc
 
-from draft_service.hybrid import HybridWorker
-from draft_service.lookup import LookupWorker, parse_draft_name
+from draft_service.hybrid import HybridConfig, HybridWorker
+from draft_service.lookup import LookupConfig, LookupWorker, parse_draft_name
 from draft_service.servicer import DraftServicer
 from draft_service.worker import DraftWorker
 from protos import specserve_pb2 as pb
@@ -24,12 +24,15 @@ SERVICE = pb.DESCRIPTOR.services_by_name["DraftService"]
 def make_draft_worker(config: WorkerServiceConfig) -> DraftWorker | LookupWorker:
     """The model draft, prompt lookup (`ngram`: nothing loaded) or their hybrid (`MODEL+ngram`)."""
     model_name, lookup = parse_draft_name(config.model.name)
+    ngrams = LookupConfig(config.prompt_lookup_max, config.prompt_lookup_min)
     if model_name is None:
-        return LookupWorker(config.max_sessions, config.idle_ttl_s)
+        return LookupWorker(config.max_sessions, config.idle_ttl_s, ngrams)
     loaded = load_model(replace(config.model, name=model_name))
     if lookup:
         loaded = replace(loaded, name=config.model.name)  # the name the orchestrator sees and compares
-        return HybridWorker(loaded, config.max_sessions, config.idle_ttl_s, config.slot_cache())
+        min_match = min(max(HybridConfig().min_match, ngrams.min_ngram), ngrams.max_ngram)
+        hybrid = HybridConfig(ngrams, min_match=min_match)
+        return HybridWorker(loaded, config.max_sessions, config.idle_ttl_s, config.slot_cache(), hybrid)
     return DraftWorker(loaded, config.max_sessions, config.idle_ttl_s, config.slot_cache())
 
 

@@ -107,3 +107,20 @@ def test_the_ray_actor_serves_a_lookup_draft_without_loading_a_model() -> None:
             assert info.model == "ngram" and info.token_agnostic
     finally:
         actor.stop()
+
+
+def test_the_n_gram_sizes_come_from_the_worker_config() -> None:
+    from draft_service.hybrid import HybridWorker
+    from draft_service.lookup import LookupConfig, LookupWorker
+    from draft_service.server import make_draft_worker
+    from specserve.config import WorkerServiceConfig
+    from specserve.models.loading import ModelConfig
+
+    lookup = make_draft_worker(WorkerServiceConfig(ModelConfig("ngram"), prompt_lookup_max=3, prompt_lookup_min=1))
+    assert isinstance(lookup, LookupWorker) and lookup.config == LookupConfig(max_ngram=3, min_ngram=1)
+    tiny = ModelConfig("tiny-draft+ngram", device="cpu", dtype="float32")
+    hybrid = make_draft_worker(WorkerServiceConfig(tiny, prompt_lookup_max=2))
+    assert isinstance(hybrid, HybridWorker) and hybrid.loaded.name == "tiny-draft+ngram"
+    assert hybrid.config.lookup == LookupConfig(max_ngram=2, min_ngram=2) and hybrid.config.min_match == 2
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        WorkerServiceConfig(ModelConfig("ngram"), prompt_lookup_max=1, prompt_lookup_min=2)

@@ -89,6 +89,10 @@ def test_a_lookup_draft_asks_for_no_gpu_and_little_cpu() -> None:
         load_config(overrides={"draft.model.name": "ngram", "draft.num_gpus": 0.5})
     with pytest.raises(ValueError, match="target.model.name"):
         load_config(overrides={"target.model.name": "ngram"})
+    sizes = load_config(overrides={"draft.model.name": "ngram", "draft.prompt_lookup_min": 1}).draft
+    assert sizes is not None and sizes.service("127.0.0.1").prompt_lookup_min == 1
+    with pytest.raises(ValueError, match="draft: need 1 <= prompt_lookup_min"):
+        load_config(overrides={"draft.model.name": "ngram", "draft.prompt_lookup_min": 5})
 
 
 def test_a_gpu_config_runs_on_a_machine_without_gpus() -> None:
