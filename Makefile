@@ -17,22 +17,24 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
 
+# CI (.ci/run) runs `make lint` and then `make test`.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check specserve draft_service target_service tests
-	$(VENV)/bin/mypy specserve/core
+	$(VENV)/bin/ruff check specserve protos draft_service target_service orchestrator deploy tests scripts
+	$(VENV)/bin/mypy specserve/core orchestrator
 
+# Runs write results/*-latest.json (git-ignored), never a committed result file (results/README.md).
 bench: $(STAMP)
-	$(VENV)/bin/specserve bench --num-prompts 10 --max-tokens 128 --json docs/bench-humaneval.json
+	$(VENV)/bin/specserve bench --num-prompts 10 --max-tokens 128 --json results/bench-humaneval-latest.json
 
 # docs/reliability.md: 32 streaming clients, 1,000 requests on the tiny models (then the same past a limit of 8)
 soak: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m specserve.bench.soak --clients 32 --requests 1000 --json docs/reliability-load.json
-	OMP_NUM_THREADS=1 $(PY) -m specserve.bench.soak --clients 32 --requests 1000 --json docs/reliability-overload.json \
+	OMP_NUM_THREADS=1 $(PY) -m specserve.bench.soak --clients 32 --requests 1000 --json results/reliability-load-latest.json
+	OMP_NUM_THREADS=1 $(PY) -m specserve.bench.soak --clients 32 --requests 1000 --json results/reliability-overload-latest.json \
 		--max-concurrent-requests 8 --max-queued-requests 8
 
 # docs/reliability.md: 1,000 random examples per fuzz test (make test runs 12, derandomized)
 fuzz: $(STAMP)
-	SPECSERVE_FUZZ_EXAMPLES=1000 SPECSERVE_FUZZ_REPORT=docs/reliability-fuzz.json \
+	SPECSERVE_FUZZ_EXAMPLES=1000 SPECSERVE_FUZZ_REPORT=results/reliability-fuzz-latest.json \
 		$(PY) -m pytest -q -p no:logging tests/integration/test_fuzz.py
 
 # The generated code is committed; tests/unit/test_protos.py fails when it is stale.

@@ -67,8 +67,13 @@ class WorkerActor:
 
     def _run(self) -> None:
         import torch
+        from transformers.utils import logging as transformers_logging
 
         from specserve.models.loading import cpu_threads
+
+        # both roles load at once and Ray forwards their output line by line: two progress bars would
+        # interleave on every start; the log says what loads and when it is done
+        transformers_logging.disable_progress_bar()
 
         torch.set_num_threads(cpu_threads(self.role, self.cpu_threads))  # Ray caps OMP_NUM_THREADS at num_cpus
         config = replace(self.config, host=_listen_host(self.config.host))

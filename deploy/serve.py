@@ -29,6 +29,7 @@ def init_ray(config: DeployConfig) -> DeployConfig:
         return config
     config = _on_this_machine(config)
     demand = _demand(config)
+    logging.getLogger(RAY_AUTH_LOGGER).addFilter(_quiet_default_token_auth)
     ray.init(
         address="local",  # never a cluster that RAY_ADDRESS happens to name
         namespace=config.ray.namespace,
@@ -37,8 +38,18 @@ def init_ray(config: DeployConfig) -> DeployConfig:
         include_dashboard=False,
         log_to_driver=True,
     )
-    logger.info("started a local Ray instance: %s", ray.cluster_resources())
+    auth = "on" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else "off"  # ray.init sets it
+    logger.info("started a local Ray instance (token authentication %s): %s", auth, ray.cluster_resources())
     return config
+
+
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _quiet_default_token_auth(record: logging.LogRecord) -> bool:
+    """Drop Ray's warning, on every local start, that it turned token authentication on: its default, kept.
+    Its warning that authentication is off still shows."""
+    return not record.getMessage().startswith("Token authentication is enabled")
 
 
 def _on_this_machine(config: DeployConfig) -> DeployConfig:

@@ -8,27 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
+from draft_service.names import NGRAM
 from draft_service.worker import ProposeCall
 from specserve.core.types import Proposal, SamplingParams, SparseProbs
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 from specserve.sessions import SessionNotFoundError, SessionStore
 
-NGRAM = "ngram"
-"""The draft model name of prompt lookup; `MODEL+ngram` names the hybrid of MODEL and lookup."""
 LOOKUP_SOURCE, MODEL_SOURCE = "ngram", "model"  # ProposeResponse.source
-
-
-def parse_draft_name(name: str) -> tuple[str | None, bool]:
-    """(the draft model to load or None, whether lookup drafts too): `ngram` -> (None, True),
-    `tiny-draft+ngram` -> ("tiny-draft", True), `tiny-draft` -> ("tiny-draft", False)."""
-    if name.lower() == NGRAM:
-        return None, True
-    model, plus, suffix = name.rpartition("+")
-    if plus and suffix.lower() == NGRAM:
-        if not model:
-            raise ValueError(f"draft model name {name!r}: give MODEL+{NGRAM} or {NGRAM}")
-        return model, True
-    return name, False
 
 
 @dataclass(frozen=True, slots=True)

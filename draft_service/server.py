@@ -10,7 +10,8 @@ from dataclasses import replace
 import grpc
 
 from draft_service.hybrid import HybridConfig, HybridWorker
-from draft_service.lookup import LookupConfig, LookupWorker, parse_draft_name
+from draft_service.lookup import LookupConfig, LookupWorker
+from draft_service.names import parse_draft_name
 from draft_service.servicer import DraftServicer
 from draft_service.worker import DraftWorker
 from protos import specserve_pb2 as pb

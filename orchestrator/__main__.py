@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 from orchestrator.replicas import StaticFleet
 from orchestrator.server import serve
@@ -30,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "picks a free port)")  # fmt: skip
     parser.add_argument("--no-http", action="store_true", help="serve gRPC only")
     for field in dataclasses.fields(OrchestratorConfig):  # one flag per plain config field
-        kind = {"int": int, "float": float, "str": str, "bool": _boolean}.get(str(field.type))
+        kinds: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str, "bool": _boolean}
+        kind = kinds.get(str(field.type))
         if kind is not None:
             parser.add_argument("--" + field.name.replace("_", "-"), type=kind, help=f"default {field.default}")
     return parser

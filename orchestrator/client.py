@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
+from protos.generation import generation_request_to_proto
 from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams
 from specserve.security import TLSConfig, aio_channel, client_channel
@@ -39,7 +39,7 @@ def build_request(
         num_speculative_tokens=num_speculative_tokens,
         ignore_eos=ignore_eos,
     )
-    return convert.generation_request_to_proto(request)
+    return generation_request_to_proto(request)
 
 
 class SpecServeClient:

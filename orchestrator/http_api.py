@@ -91,7 +91,7 @@ class HttpApi:
         except ApiError as error:
             response = self._refuse(request, error)
         except Exception as error:  # noqa: BLE001 - generation failed: Orchestrator.generate counted it
-            api_error = error_for(error, ("max_tokens", "num_speculative_tokens", "prompt"))
+            api_error = error_for(error, ("max_tokens", "num_speculative_tokens", "prompt", "messages"))
             if api_error.status == 500:
                 logger.exception("%s %s failed", request.method, request.path)
             response = _error_response(api_error)
@@ -139,7 +139,7 @@ class HttpApi:
     def _card(self) -> dict[str, Any]:
         o = self.orchestrator
         draft = o.draft_info.model if o.draft_info else None
-        return model_card(self.model_id, draft, o.target_info.max_context)
+        return model_card(self.model_id, draft, o.target_info.max_context, o.adaptive, o.default_k, o.max_adaptive_k)
 
     def _check_model(self, model: Any) -> None:
         if model is not None and model != self.model_id:

@@ -250,8 +250,19 @@ def _finish(reason: str | None) -> str | None:
     return None if reason is None else FINISH_REASONS.get(reason, reason)
 
 
-def model_card(model: str, draft_model: str | None, max_context: int) -> dict[str, Any]:
+def model_card(
+    model: str,
+    draft_model: str | None,
+    max_context: int,
+    adaptive: bool,
+    num_speculative_tokens: int,
+    max_adaptive_k: int,
+) -> dict[str, Any]:
+    """`speculation`: what a request that does not set k gets: adaptive k in 0..max_speculative_tokens, or
+    the fixed num_speculative_tokens (which seeded samples keep either way)."""
+    speculation = {"adaptive": adaptive, "num_speculative_tokens": num_speculative_tokens,
+                   "max_speculative_tokens": max_adaptive_k}  # fmt: skip
     return {
         "id": model, "object": "model", "created": 0, "owned_by": "specserve",
-        "max_model_len": max_context, "draft_model": draft_model,
+        "max_model_len": max_context, "draft_model": draft_model, "speculation": speculation,
     }  # fmt: skip

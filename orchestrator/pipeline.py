@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -133,7 +133,7 @@ class RemoteRequest:
     def context(self) -> list[int]:
         return self.plan.prompt_token_ids + self.decoder.result.token_ids
 
-    async def stream(self) -> AsyncIterator[Chunk]:
+    async def stream(self) -> AsyncGenerator[Chunk, None]:
         admitted = await self.admission.acquire() if self.admission is not None else None  # may refuse
         try:
             if first := await self._prefill():
@@ -385,7 +385,7 @@ class RemoteRequest:
         if not self._pipelined():  # a round run in turn
             threshold = max(threshold, self.plan.sequential_confidence_threshold)
 
-        async def propose(client: DraftClient) -> tuple[Proposal, float]:
+        async def propose(client: DraftClient) -> tuple[Proposal, PassReport]:
             num_kept = min(self._draft_valid, self._draft_length)
             new_token_ids = self.context[num_kept:]
             try:

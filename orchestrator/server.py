@@ -87,13 +87,13 @@ async def serve(
     await server.start()
     await server.set_serving()
     logger.info(
-        "specserve orchestrator listening on %s (target %s x%d, draft %s x%d, k=%d)",
+        "specserve orchestrator listening on %s (target %s x%d, draft %s x%d; k: %s)",
         address,
         orchestrator.target_info.model,
         len(orchestrator.replicas("target")),
         orchestrator.draft_info.model if orchestrator.draft_info else "none",
         len(orchestrator.replicas("draft")),
-        orchestrator.default_k,
+        config.describe_k(orchestrator.draft_info is not None),
     )
     http = None
     if config.http_port is not None:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from orchestrator.service import Orchestrator
-from protos import convert
+from protos import convert, generation
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve import __version__
@@ -22,7 +22,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
 
     @unary_errors
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        async for chunk in self.orchestrator.generate(convert.generation_request_from_proto(request), "grpc"):  # noqa: B007
+        async for chunk in self.orchestrator.generate(generation.generation_request_from_proto(request), "grpc"):  # noqa: B007
             pass  # the last chunk's decoder holds the whole result
         result = chunk.decoder.result
         return pb.GenerateResponse(
@@ -36,7 +36,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateChunk]:
-        async for chunk in self.orchestrator.generate(convert.generation_request_from_proto(request), "grpc"):
+        async for chunk in self.orchestrator.generate(generation.generation_request_from_proto(request), "grpc"):
             result = chunk.decoder.result
             final = result.finish_reason is not None and not chunk.token_ids
             yield pb.GenerateChunk(
@@ -59,6 +59,8 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
             default_num_speculative_tokens=o.default_k,
             max_num_speculative_tokens=MAX_NUM_SPECULATIVE_TOKENS,
             max_context=o.target_info.max_context,
+            adaptive=o.adaptive,
+            max_adaptive_num_speculative_tokens=o.max_adaptive_k,
         )
 
 

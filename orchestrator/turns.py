@@ -1,16 +1,6 @@
-"""Draft and verify calls taking turns, for a draft and a target that compute on the same CPU cores.
-
-There a draft pass beside a verification hides nothing: the two share the cores and both slow down
-(docs/benchmarks.md, "Shared cores"). So the rounds of a session run in turn. That alone is not enough
-under load: sessions drift into groups, one drafting while another verifies, and stay that way (each
-pass batches part of the sessions and is as slow as the two passes together). `Turns` makes all the
-sessions of a target replica alternate: a call waits while calls of the other phase are in flight, and
-when a phase's last call returns, the sessions waiting for the other phase go in together, joined by
-those of the phase just ended as they come; each pass then batches them all, on cores of its own.
-A round without drafts (k = 0) has nothing to alternate with: its verification joins a verify turn under
-way unless a session waits to draft, so that sessions all at k = 0 batch exactly as target-only ones do.
-A request's first prefills take a verify turn the same way (the draft's beside the target's; for a
-session alone on the target, the draft's in the session's first draft turn instead).
+"""Draft and verify calls taking turns, for a draft and a target that compute on the same CPU cores: a call
+waits while calls of the other phase are in flight, and when a phase's last call returns the sessions waiting
+for the other phase go in together, so each pass batches them all (docs/architecture.md, "Shared cores").
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfoResponse(_message.Message):
-    __slots__ = ("version", "target_model", "draft_model", "tokenizer_fingerprint", "default_num_speculative_tokens", "max_num_speculative_tokens", "max_context")
+    __slots__ = ("version", "target_model", "draft_model", "tokenizer_fingerprint", "default_num_speculative_tokens", "max_num_speculative_tokens", "max_context", "adaptive", "max_adaptive_num_speculative_tokens")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,8 @@ class ServerInfoResponse(_message.Message):
     DEFAULT_NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ADAPTIVE_NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     version: str
     target_model: str
     draft_model: str
@@ -138,7 +140,9 @@ class ServerInfoResponse(_message.Message):
     default_num_speculative_tokens: int
     max_num_speculative_tokens: int
     max_context: int
-    def __init__(self, version: _Optional[str] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., default_num_speculative_tokens: _Optional[int] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_context: _Optional[int] = ...) -> None: ...
+    adaptive: bool
+    max_adaptive_num_speculative_tokens: int
+    def __init__(self, version: _Optional[str] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., default_num_speculative_tokens: _Optional[int] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_context: _Optional[int] = ..., adaptive: _Optional[bool] = ..., max_adaptive_num_speculative_tokens: _Optional[int] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
     __slots__ = ("role", "address", "state", "active_sessions")

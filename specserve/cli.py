@@ -20,36 +20,46 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from specserve.bench.command import add_bench_arguments, cmd_bench
-from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
-from specserve.core.types import SamplingParams
+from specserve.bench.command import add_bench_arguments
 from specserve.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
-from specserve.models.loading import DTYPES, QUANTIZATIONS, ModelConfig, cpu_threads
+from specserve.models.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
+from specserve.preflight import check_model_name, check_port_free
 from specserve.security import API_KEY_ENV, ORCHESTRATOR_NAME, TLSConfig
 
+# No torch, transformers or ray up here: client commands (generate --address, scale, models list, --help)
+# start in a fraction of a second; the commands that load models import what they need.
 if TYPE_CHECKING:
     from deploy.config import DeployConfig
+    from specserve.config import EngineConfig, GenerationRequest
 
 LOG_FORMAT_HELP = f"text, or one JSON object per line (default: ${LOG_FORMAT_ENV}, else text)"
+DTYPE_HELP = "auto: bfloat16 on GPUs and CPUs that compute it, else float32 (tiny models: float32)"
+DEVICE_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:N"
+QUANTIZATION_HELP = "CPU only: int8 / int4 weights; auto: int4 on AVX-512, else int8 for a draft, none on GPUs"
 DEMO_PROMPT = 'def quicksort(items: list[int]) -> list[int]:\n    """Sort items with quicksort."""\n'
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("models")
     g.add_argument("--target", "--model", default=DEFAULT_TARGET, help="target: preset, HF model id or directory")
-    g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: preset, HF model id or directory; 'none' for none")
+    g.add_argument("--draft", "--speculative-model", default=DEFAULT_DRAFT,
+                   help="draft: preset, HF model id or directory; 'none' for none")  # fmt: skip
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPES])
-        g.add_argument(f"--{role}-device", default="auto")
-    g.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS)
+        g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
+        g.add_argument(f"--{role}-device", default="auto", help=DEVICE_HELP)
+    g.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     g.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with HF models")
-    g.add_argument(
-        "-k", "--num-speculative-tokens", type=int, default=None, help="drafts per round (default 4); 0 = target-only"
-    )
+    g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="drafts per round; 0 = target-only "
+                   "(default: in process 4; with --address, the server's k, adaptive by default)")  # fmt: skip
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    from specserve.config import EngineConfig
+
+    for name in (args.target, args.draft):
+        if name.lower() != "none":
+            check_model_name(name)  # before anything loads: a typo is one line, not a hub timeout
     target = ModelConfig(args.target, args.target_device, args.target_dtype, args.trust_remote_code)
     draft = None
     if args.draft.lower() != "none":
@@ -62,18 +72,23 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def _add_request_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("request")
-    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1: off)")
+    g.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (default 0: off)")
+    g.add_argument("--seed", type=int, default=None, help="seeded sampling reproduces its output")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids, stats")
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens (exactly "
+                   "--max-tokens, as benchmarks want)")  # fmt: skip
 
 
 def _request(args: argparse.Namespace, prompt: str) -> GenerationRequest:
+    from specserve.config import GenerationRequest
+    from specserve.core.types import SamplingParams
+
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     return GenerationRequest(
         prompt=None if args.chat else prompt,
@@ -82,6 +97,7 @@ def _request(args: argparse.Namespace, prompt: str) -> GenerationRequest:
         sampling=sampling,
         stop=tuple(args.stop),
         num_speculative_tokens=args.num_speculative_tokens,
+        ignore_eos=args.ignore_eos,
     )
 
 
@@ -89,9 +105,10 @@ def cmd_generate(args: argparse.Namespace, prompt: str | None = None) -> int:
     prompt = prompt if prompt is not None else (args.prompt if args.prompt != "-" else sys.stdin.read())
     if args.address:
         return _generate_remote(args, prompt)
+    config = _engine_config(args)  # checks the model names before the import below loads torch
     from specserve.engine import SpeculativeEngine
 
-    engine = SpeculativeEngine.from_config(_engine_config(args))
+    engine = SpeculativeEngine.from_config(config)
     for chunk in engine.stream(_request(args, prompt)):
         if args.stream and not args.json:
             sys.stdout.write(chunk.text)
@@ -105,9 +122,9 @@ def _generate_remote(args: argparse.Namespace, prompt: str) -> int:
     from google.protobuf.json_format import MessageToDict
 
     from orchestrator.client import SpecServeClient
-    from protos import convert
+    from protos.generation import generation_request_to_proto
 
-    request = convert.generation_request_to_proto(_request(args, prompt))
+    request = generation_request_to_proto(_request(args, prompt))
     with SpecServeClient(args.address, **_client_security(args)) as client:
         text, token_ids = [], []
         for chunk in client.stub.GenerateStream(request, timeout=client.timeout_s):
@@ -159,19 +176,31 @@ def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g = parser.add_argument_group("models (default: the qwen2.5-coder 1.5b target, 0.5b draft)")
     g.add_argument("--target", "--model", help="target: preset, HF model id or directory")
-    g.add_argument("--draft", help="draft: preset, HF model id or directory; 'none' serves target-only")
+    g.add_argument("--draft", "--speculative-model", help="draft: preset, HF model id or directory; 'none' serves "
+                   "target-only")  # fmt: skip
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPES])
-        g.add_argument(f"--{role}-device")
-        g.add_argument(f"--{role}-quantization", choices=QUANTIZATIONS)
+        g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
+        g.add_argument(f"--{role}-device", help=DEVICE_HELP)
+        g.add_argument(f"--{role}-quantization", choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
     g.add_argument("--trust-remote-code", action="store_true", default=None, help="run modelling code from HF models")
     g = parser.add_argument_group("replicas and placement (per replica)")
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-replicas", type=int)
-        g.add_argument(f"--{role}-num-gpus", type=float)
-        g.add_argument(f"--{role}-num-cpus", type=float)
+        g.add_argument(f"--{role}-replicas", type=int, help="replicas at start (default 1)")
+        g.add_argument(f"--{role}-num-gpus", type=float, help="GPUs per replica; < 1 shares one (default 0)")
+        g.add_argument(f"--{role}-num-cpus", type=float, help="CPUs per replica, as Ray counts them (default 1)")
+    from orchestrator.config import OrchestratorConfig
+
+    defaults = OrchestratorConfig()
+    k, max_k = defaults.num_speculative_tokens, defaults.max_adaptive_k
+    g = parser.add_argument_group("speculation (a request that sets k gets that k)",
+                                  f"Default: requests that do not set k get adaptive k, 0..{max_k} drafts per round as "
+                                  f"acceptance and costs say; seeded samples keep a fixed {k}.")  # fmt: skip
+    g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="fixed k: K drafts per round for "
+                   "requests that do not set k (adaptive off unless --adaptive is given); 0 = target-only")  # fmt: skip
+    g.add_argument("--max-speculative-tokens", type=int, metavar="K", help=f"adaptive k's bound (default {max_k})")
+    g.add_argument("--adaptive", action=argparse.BooleanOptionalAction, help="adaptive k for requests that do not "
+                   f"set k (default: on, unless -k is given); --no-adaptive: the fixed k (default {k})")  # fmt: skip
     g = parser.add_argument_group("orchestrator")
-    g.add_argument("-k", "--num-speculative-tokens", type=int, help="drafts per round (default 4); 0 = target-only")
     g.add_argument("--host", help="interface of the public API (default 127.0.0.1; 0.0.0.0 opens it)")
     g.add_argument("--port", type=int, help="public API port (default 50051)")
     g.add_argument("--no-pipeline", action="store_true", default=None, help="do not pre-draft during verification")
@@ -204,8 +233,13 @@ def _deploy_config(args: argparse.Namespace, **overrides: object) -> DeployConfi
             flags[f"{role}.model.{field}"] = getattr(args, f"{role}_{field}")
         for field in ("replicas", "num_gpus", "num_cpus"):
             flags[f"{role}.{field}"] = getattr(args, f"{role}_{field}")
+    adaptive = args.adaptive
+    if adaptive is None and args.num_speculative_tokens is not None:
+        adaptive = False  # a k given is the k requests get (vLLM's --num-speculative-tokens)
     flags |= {
         "orchestrator.num_speculative_tokens": args.num_speculative_tokens,
+        "orchestrator.adaptive": adaptive,
+        "orchestrator.max_adaptive_k": args.max_speculative_tokens,
         "orchestrator.host": args.host,
         "orchestrator.port": args.port,
         "orchestrator.pipelined": False if args.no_pipeline else None,
@@ -226,10 +260,22 @@ def _deploy_config(args: argparse.Namespace, **overrides: object) -> DeployConfi
     return config
 
 
+def _preflight(config: DeployConfig) -> None:
+    """What can fail before Ray starts and models load: names that cannot load, ports in use."""
+    local = config.ray.address is None  # joining a cluster, the models load on its nodes
+    for role in (config.target, config.draft):
+        if role is not None:
+            check_model_name(role.model.name, local)
+    o = config.orchestrator
+    check_port_free(o.host, o.port, "--port")
+    check_port_free(o.host, o.http_port, "--http-port")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    config = _deploy_config(args)
+    _preflight(config)
     from deploy.serve import serve
 
-    config = _deploy_config(args)
     asyncio.run(_serve_until_signalled(serve, config))
     return 0
 
@@ -239,11 +285,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     line for the OpenAI-compatible API, run once, and (unless --once) serving until Ctrl-C."""
     import threading
 
-    from deploy.serve import serve
     from specserve.launcher import free_port
 
     http_port = {} if args.no_http else {"http_port": args.http_port or free_port()}
     config = _deploy_config(args, port=free_port(), **http_port)
+    _preflight(config)
+    from deploy.serve import serve
+
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     listening = threading.Event()
@@ -343,11 +391,12 @@ def _print_replicas(replica_set: object) -> None:
         desired = getattr(replica_set, f"desired_{role}_replicas")
         print(f"{role}: {desired} wanted, {sum(r.state == 'serving' for r in replicas)} serving")
         for r in replicas:
-            print(f"  {r.address:24} {r.state:9} {r.active_sessions} sessions")
+            sessions = "session" if r.active_sessions == 1 else "sessions"
+            print(f"  {r.address:24} {r.state:9} {r.active_sessions} {sessions}")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from specserve.models.loading import default_home, ensure_converted, verify_converted
+    from specserve.models.config import default_home
 
     home = default_home()
     if args.action == "list":
@@ -360,6 +409,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         if preset is None or not hasattr(preset.source, "sha256"):
             print(f"{name}: not a downloadable preset (see `specserve models list`)", file=sys.stderr)
             return 2
+        from specserve.models.loading import ensure_converted, verify_converted
+
         directory = ensure_converted(preset, home)
         if args.action == "verify":
             verify_converted(preset, home)
@@ -383,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text for PROMPT ('-' reads stdin)")
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", help="the prompt text ('-' reads it from stdin); with --chat, the user message")
     gen.add_argument("--address", help="a running orchestrator (HOST:PORT); without it, generate in this process")
     _add_client_security_flags(gen)
     _add_model_flags(gen)
@@ -400,8 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     scale = sub.add_parser("scale", help="change or list the replicas behind a running orchestrator")
     scale.add_argument("--address", required=True, help="the orchestrator, HOST:PORT")
     _add_client_security_flags(scale)
-    scale.add_argument("--draft-replicas", type=int)
-    scale.add_argument("--target-replicas", type=int)
+    scale.add_argument("--draft-replicas", type=int, help="draft replicas wanted (without counts: list them)")
+    scale.add_argument("--target-replicas", type=int, help="target replicas wanted")
     scale.add_argument("--wait", action="store_true", help="return once every wanted replica serves")
     scale.add_argument("--timeout", type=float, default=900.0, help="seconds for the call (and --wait)")
 
@@ -415,8 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
 
     models = sub.add_parser("models", help="list presets; fetch or verify their weights")
-    models.add_argument("action", choices=["list", "fetch", "verify"])
-    models.add_argument("names", nargs="*")
+    models.add_argument("action", choices=["list", "fetch", "verify"], help="list: the presets; fetch: download, "
+                        "verify and convert their weights; verify: hash the converted weights again")  # fmt: skip
+    models.add_argument("names", nargs="*", default=[], help="presets to fetch or verify (default: the default "
+                        f"target and draft, {DEFAULT_TARGET} and {DEFAULT_DRAFT})")  # fmt: skip
+    for command in sub.choices.values():
+        command.set_defaults(command_parser=command)  # main() reports stray arguments with its usage
     return parser
 
 
@@ -424,7 +479,7 @@ def worker_parser(role: str) -> argparse.ArgumentParser:
     """The flags of `python -m draft_service` / `python -m target_service` (launcher.py writes them)."""
     parser = argparse.ArgumentParser(prog=f"python -m {role}_service", description=f"serve a {role} model over gRPC")
     parser.add_argument("--model", required=True, help="preset, HF model id or local directory")
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_NAMES])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--quantization", default="auto" if role == "draft" else "none", choices=QUANTIZATIONS)
     parser.add_argument("--trust-remote-code", action="store_true")
@@ -478,6 +533,8 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
         slots: dict[str, int] = {}
         if role == "draft":
             slots = {"draft_slots": args.draft_slots, "draft_slot_tokens": args.draft_slot_tokens}
+        from specserve.config import WorkerServiceConfig
+
         config = WorkerServiceConfig(
             model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size, tls,
             prefill_chunk_tokens=args.prefill_chunk_tokens, **slots,
@@ -489,6 +546,8 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
         return 2
     if args.cpu_threads is not None or "OMP_NUM_THREADS" not in os.environ:  # else torch already follows it
         import torch
+
+        from specserve.models.loading import cpu_threads
 
         torch.set_num_threads(cpu_threads(role, args.cpu_threads))
     asyncio.run(_serve_until_signalled(serve, config))
@@ -509,8 +568,26 @@ def _configure_logging(verbose: bool, log_format: str | None = None) -> None:
         os.environ[LOG_FORMAT_ENV] = log_format
 
 
+def _tls_hint(args: argparse.Namespace, error: grpc.RpcError) -> str:
+    """Where a connection failed because one side speaks TLS and the other does not, say so."""
+    address = getattr(args, "address", None)
+    if error.code() != grpc.StatusCode.UNAVAILABLE or not address:  # type: ignore[attr-defined]
+        return ""
+    from specserve.security import speaks_tls
+
+    tls = speaks_tls(address)
+    if tls and not getattr(args, "tls_ca", None):
+        return " (this server speaks TLS: pass --tls-ca with the CA of its certificate, DIR/ca.pem of specserve certs)"
+    if tls is False and getattr(args, "tls_ca", None):
+        return " (this server speaks plaintext, not TLS: leave out --tls-ca)"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would print the top-level usage; the command's own is the useful one
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     _configure_logging(args.verbose or args.command == "serve", args.log_format)  # a server says where it listens
     try:
         if args.command == "generate":
@@ -523,6 +600,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_scale(args)
         if args.command == "bench":
             signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwinds like Ctrl-C: its workers stop too
+            from specserve.bench.command import cmd_bench
+
             return cmd_bench(args, _engine_config(args))
         if args.command == "certs":
             return cmd_certs(args)
@@ -531,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specserve: error: {error}", file=sys.stderr)
         return 2
     except grpc.RpcError as error:  # a server answered with an error, or none answered
-        print(f"specserve: error: {error.code().name}: {error.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        print(f"specserve: error: {error.code().name}: {error.details()}{_tls_hint(args, error)}", file=sys.stderr)  # type: ignore[attr-defined]
         return 1
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specserve.core.loop import StopConditions
 from specserve.core.types import SamplingParams
-from specserve.models.loading import ModelConfig
+from specserve.models.config import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specserve.models.slot_cache import SlotCacheConfig
 from specserve.security import TLSConfig
+
+if TYPE_CHECKING:
+    from specserve.models.slot_cache import SlotCacheConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,8 @@ class WorkerServiceConfig:
 
     def slot_cache(self) -> SlotCacheConfig:
         """The draft's slot pool: on CUDA (as SlotCacheConfig decides) unless draft_slots is 0."""
+        from specserve.models.slot_cache import SlotCacheConfig
+
         if self.draft_slots == 0:
             return SlotCacheConfig(enabled=False)
         return SlotCacheConfig(slots=self.draft_slots, tokens_per_slot=self.draft_slot_tokens)

@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draft_service.hybrid import HybridWorker
-from draft_service.lookup import LookupWorker, parse_draft_name
+from draft_service.lookup import LookupWorker
+from draft_service.names import parse_draft_name
 from draft_service.worker import DraftWorker
 from specserve.config import EngineConfig, GenerationRequest
 from specserve.core.loop import GenerationResult, SpeculativeDecoder

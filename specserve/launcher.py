@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from specserve.models.loading import ModelConfig
+from specserve.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 

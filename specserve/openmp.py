@@ -1,17 +1,6 @@
-"""OpenMP's wait policy for processes that run a model on the CPU. Import this before torch: libgomp, torch's
-OpenMP runtime, reads its settings once, when torch loads it.
-
-torch's CPU threads are an OpenMP team. Between two parallel regions libgomp's threads spin GOMP_SPINCOUNT
-times before they sleep, and a team that sleeps pays a wake-up for each region it slept through: at 3,000
-spins the 0.5B draft's step took 37-39 ms on two cores of a Xeon, at libgomp's default of 300,000 27 ms.
-A long spin also outlives the pass, though: the team went on spinning ~8 ms of a core after each pass,
-on the cores a draft and a target on one machine hand each other. So workers spin long within a pass and
-put their team to sleep as soon as their model thread has nothing left to run (`release_idle_threads`,
-called by ModelExecutor); forming it again costs the next pass about 0.1 ms. (Workers spun 3,000 times
-until 2026-12-07: long spins cost 4 clients 1.2x when both workers' passes ran at once; on shared cores
-rounds now run in turn. docs/benchmarks.md, "Workers' OpenMP teams sleep when idle".)
-GNU OpenMP's variable (torch's Linux wheels); other OpenMP runtimes ignore it.
-"""
+"""OpenMP's wait policy for processes that run a model on the CPU; import this before torch (libgomp reads
+its settings once, when torch loads it). Workers spin at libgomp's default within a pass and put their team
+to sleep when their model thread goes idle (docs/architecture.md, "Model execution: OpenMP")."""
 
 from __future__ import annotations
 

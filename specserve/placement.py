@@ -1,13 +1,6 @@
-"""Where a worker computes: enough for the orchestrator to tell a draft and a target that share CPU cores.
-
-Sharing changes what pays. With cores of its own, a draft that pre-drafts while the target verifies hides
-its time; on the target's own cores it only takes cores the verification needs (on two shared cores a
-lone session's verify call took 250 ms with a pre-draft beside it against 129 ms alone), and the draft's
-steps are faster on all the cores than on its share of them. So on such a pair rounds run one after the
-other and lend the draft every core (1.22x the throughput at k = 4 for one session, docs/benchmarks.md,
-"Shared cores"), and a target's sessions take turns, drafting together and verifying together
-(orchestrator/turns.py; 8 clients: 1.11x target-only, from 0.74-0.84x).
-"""
+"""Where a worker computes (boot id, device, the cores it may run on): enough for the orchestrator to tell a
+draft and a target that share CPU cores, where rounds run in turn and the draft borrows every core instead
+of pre-drafting on its share (docs/architecture.md, "Shared cores")."""
 
 from __future__ import annotations
 

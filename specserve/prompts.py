@@ -3,10 +3,13 @@ Shared by the in-process engine and the orchestrator, so both read a request the
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from specserve.config import GenerationRequest
 from specserve.core.loop import StopConditions
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MAX_NUM_SPECULATIVE_TOKENS = 32
 
@@ -23,10 +26,12 @@ def tokenize_request(
         )
     else:
         token_ids = tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+    # each message starts with the request field at fault: the HTTP API names it as OpenAI's "param"
+    field = "messages have" if request.messages is not None else "prompt has"
     if not token_ids:
-        raise ValueError("the prompt is empty after tokenization")
+        raise ValueError(f"{field} no tokens after tokenization")
     if len(token_ids) >= max_context:
-        raise ValueError(f"the prompt has {len(token_ids)} tokens; the target's context holds {max_context}")
+        raise ValueError(f"{field} {len(token_ids)} tokens; the target's context holds {max_context}")
     bad = [t for t in token_ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got {bad[:5]}")

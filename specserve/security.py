@@ -258,6 +258,28 @@ def client_channel(address: str, tls: TLSConfig | None = None, api_key: str | No
     return channel
 
 
+def speaks_tls(address: str, timeout_s: float = 2.0) -> bool | None:
+    """Whether the server at HOST:PORT answers a TLS handshake (None: no connection), so that a client's
+    UNAVAILABLE can say "this server speaks TLS" instead of gRPC's "Socket closed". Verifies nothing."""
+    import socket
+    import ssl
+
+    host, _, port = address.rpartition(":")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout_s) as sock:
+            try:
+                with context.wrap_socket(sock, server_hostname=None):
+                    return True
+            except ssl.SSLError as error:  # an alert from the peer is still TLS (mutual TLS wanting a certificate)
+                return "ALERT" in (error.reason or "").upper()
+            except OSError:  # reset or closed: a plaintext server dropping the handshake
+                return False
+    except (OSError, ValueError):
+        return None
+
+
 def aio_channel(address: str, tls: TLSConfig | None = None, api_key: str | None = None,
                 options: Sequence[tuple[str, Any]] = (),
                 interceptors: Sequence[grpc.aio.ClientInterceptor] = ()) -> grpc.aio.Channel:  # fmt: skip

@@ -8,7 +8,7 @@ model) on top. Then it drives `AdaptiveK` through the loads in the sweep's order
 and reports what a real sweep can only sample once: how often adaptive falls below 0.98x target-only at a
 load, and how often the best fixed k itself would, measured in the same window (the noise floor).
 
-Run: `python -m specserve.bench.adaptive_replay docs/bench-k-sweep.json [--paths 100]`.
+Run: `python -m specserve.bench.adaptive_replay results/bench-k-sweep.json [--paths 100]`.
 """
 
 from __future__ import annotations

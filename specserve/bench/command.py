@@ -10,13 +10,14 @@ from pathlib import Path
 
 from specserve.bench.load import DEFAULT_MODES
 from specserve.config import EngineConfig
-from specserve.models.loading import DTYPES, load_model
+from specserve.models.config import DTYPE_NAMES
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-prompts", type=int, default=10)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6, 8])
+    parser.add_argument("--num-prompts", type=int, default=10, help="prompts per mode (per category under load)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request")
+    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6, 8], help="in process: the k of each "
+                        "speculative mode (default: 2 4 6 8)")  # fmt: skip
     parser.add_argument("--no-fp32-draft", action="store_true", help="skip the modes with a float32 draft")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face assisted-generation peer")
     parser.add_argument(
@@ -24,7 +25,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the peer on a target as transformers ships it (no prepacked weights, SDPA attention)",
     )
-    parser.add_argument("--baseline-dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPES))
+    parser.add_argument(
+        "--baseline-dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPE_NAMES),
+        help="in process: target-only in each of these dtypes; speedups are against the fastest",
+    )  # fmt: skip
     parser.add_argument("--served", action="store_true", help="also measure the served stack over gRPC")
     parser.add_argument(
         "--no-in-process", action="store_true", help="with --served or --address: skip specserve's in-process "
@@ -35,7 +39,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency", type=int, nargs="+", help="instead: closed-loop clients at these concurrencies (served)"
     )
-    parser.add_argument("--requests-per-client", type=int, default=2, help="with --concurrency")
+    parser.add_argument("--requests-per-client", type=int, default=2, help="with --concurrency: requests each client "
+                        "sends per mode")  # fmt: skip
     parser.add_argument(
         "--duration", type=float, metavar="SECONDS", help="with --concurrency: instead of --requests-per-client, "
         "clients send requests until the end of a timed window and throughput counts the tokens of that window",
@@ -55,7 +60,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=16, help="with --request-rate: requests per mode")
     parser.add_argument(
         "--categories", "--category", nargs="+", default=["code"], help="the workloads: code (HumanEval), chat, "
-        "summarisation, translation, 'question answering', maths, long-N (specserve/bench/workloads.py)",
+        "summarisation, translation, 'question answering', maths, edit (code to edit: answers repeat the prompt), "
+        "long-N (specserve/bench/workloads.py)",
     )  # fmt: skip
     parser.add_argument(
         "--drafts", nargs="+", default=[], metavar="DRAFT", help="with --served: also measure these draft services "
@@ -140,6 +146,8 @@ def _bench_load(args: argparse.Namespace, config: EngineConfig) -> int:
                                compared=compared)  # fmt: skip
     real_departures = 0
     if compared is not None:  # the workers have stopped: the target is loaded here alone
+        from specserve.models.loading import load_model
+
         real_departures = check_departures(load_model(config.target), compared)
     if args.json:
         command = "specserve " + " ".join(sys.argv[1:])

@@ -1,4 +1,4 @@
-"""PNG plots from the benchmark JSON files: `python -m specserve.bench.plots --out docs/plots`.
+"""PNG plots from the benchmark JSON files: `python -m specserve.bench.plots --out results/plots`.
 
 speedup-vs-k.png            from `specserve bench --json` (specserve and HF assisted, per k), plus the served
                             stack at one client from a `--concurrency 1 --modes k=1 k=2 ...` run
@@ -122,11 +122,11 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specserve.bench.plots", description=__doc__)
-    parser.add_argument("--bench", default="docs/bench-humaneval.json")
-    parser.add_argument("--load", default="docs/bench-load.json")
-    parser.add_argument("--categories", default="docs/bench-categories.json")
-    parser.add_argument("--k-sweep", default="docs/bench-k-sweep.json", help="used when it exists")
-    parser.add_argument("--out", default="docs/plots")
+    parser.add_argument("--bench", default="results/bench-humaneval-latest.json")
+    parser.add_argument("--load", default="results/bench-load-latest.json")
+    parser.add_argument("--categories", default="results/bench-categories-latest.json")
+    parser.add_argument("--k-sweep", default="results/bench-k-sweep.json", help="used when it exists")
+    parser.add_argument("--out", default="results/plots")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

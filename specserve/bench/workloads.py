@@ -1,8 +1,10 @@
-"""Benchmark workloads beyond code: short chat-style prompts in five categories, written for this
-project (sent through the model's chat template). Acceptance, and so speedup, depends on the category."""
+"""Benchmark workloads beyond code: chat-style prompts in six categories, written for this project (sent
+through the model's chat template), `edit` the one where answers repeat their prompt. Acceptance, and so
+speedup, depends on the category."""
 
 from __future__ import annotations
 
+from specserve.bench.edit_prompts import edit_prompts
 from specserve.bench.runner import humaneval_prompts
 
 ARTICLE = (
@@ -45,6 +47,7 @@ CATEGORIES: dict[str, list[str]] = {
         "What is the sum of the integers from 1 to 100? Explain how to compute it quickly.",
         "A rectangle has a perimeter of 30 cm and a length of 9 cm. What is its area?",
     ],
+    "edit": edit_prompts(),  # edit, refactor or annotate the code given; the answer repeats much of it
 }
 
 

@@ -392,10 +392,11 @@ class AdaptiveK:
             if k != self._k:
                 self._settled_at, self._fresh = now + self._last_round_s, 0
                 logger.info(
-                    "adaptive k %d -> %d at %d sessions (%stokens/s a session: %s)",
+                    "adaptive k %d -> %d at %d session%s (%stokens/s a session: %s)",
                     self._k,
                     k,
                     batch_size,
+                    "" if batch_size == 1 else "s",
                     "exploring; " if self._exploration is not None else "",
                     ", ".join(f"k={x} {_rate_text(self.estimate(bucket, x))}" for x in (self._k, k)),
                 )

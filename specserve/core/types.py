@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # imported where used: a client builds SamplingParams without loading torch
+    import torch
 
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4  # beyond them float32 logits overflow (x / t) or t itself does
 
@@ -49,6 +50,8 @@ class SparseProbs:
 
     def to_dense(self, vocab_size: int) -> torch.Tensor:
         """-> [rows, vocab_size] float32."""
+        import torch
+
         dense = torch.zeros(len(self), vocab_size, dtype=torch.float32)
         for row, token_ids, probs in zip(dense, self.token_ids, self.probs):
             row[token_ids] = probs

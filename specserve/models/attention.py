@@ -28,10 +28,9 @@ def few_query_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' AttentionInterface: returns ([batch, T, heads, head_dim], None).
 
-    transformers' own forms are slow here: SDPA with `enable_gqa` for a single sequence's step (the 1.5B
-    target's shapes in bfloat16, one query against 300 / 1,000 / 4,000 cached tokens: 0.54 / 1.7 / 6.6 ms a
-    layer, packed 0.04 / 0.12 / 0.45 ms), key/value heads copied per query head for a window. It packs only
-    batched one-token steps (`pack_gqa`); docs/benchmarks.md, "Few-query attention"."""
+    Packs the query heads that share a key/value head into the query length, so each key/value head is read
+    once, for CPU passes over at most MAX_FEW_QUERIES positions; anything else goes to transformers' SDPA.
+    Why: docs/architecture.md, "CPU passes"."""
     batch, num_heads, num_queries, head_dim = query.shape
     if query.device.type != "cpu" or num_queries > MAX_FEW_QUERIES or dropout > 0.0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)

@@ -1,12 +1,6 @@
 """A draft's KV caches in one preallocated pool, one slot per session, so that a batched one-token draft step
-has fixed shapes and can be replayed as a CUDA graph (models/step_graphs.py).
-
-Each session's cache in a DynamicCache, as CachedSequence keeps it, makes a batched step concatenate every
-session's cache per layer and each pass launch its kernels one by one from Python: on an H200 a 0.5B draft
-step then cost 28 ms, more than the 1.5B target's (22 ms), against a memory floor of 0.7 ms
-(docs/benchmarks.md, "First GPU run"). Only the draft runs here: its numbers never reach the output, which
-the target's verification decides, so its attention over a padded slot need not round as the target's.
-"""
+has fixed shapes and can be replayed as a CUDA graph (models/step_graphs.py). Draft only: its numbers never
+reach the output, so its attention over a padded slot need not round as the target's (docs/architecture.md)."""
 
 from __future__ import annotations
 

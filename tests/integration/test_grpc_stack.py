@@ -144,6 +144,7 @@ def test_health_and_reflection_answer(stack: LocalStack) -> None:
 def test_server_info(client: SpecServeClient) -> None:
     info = client.info()
     assert (info.target_model, info.draft_model, info.default_num_speculative_tokens) == ("tiny", "tiny-draft", 4)
+    assert (info.adaptive, info.max_adaptive_num_speculative_tokens) == (True, 8)  # the default: adaptive 0..8
     assert len(info.tokenizer_fingerprint) == 64
 
 

@@ -141,7 +141,7 @@ BAD_REQUESTS = [
     ({"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
     ({"prompt": "x", "stop": [""]}, None, "stop"),
     ({"prompt": "x", "temperature": "hot"}, "temperature", "must be a number"),
-    ({"prompt": "x" * 600}, None, "context holds"),
+    ({"prompt": "x" * 600}, "prompt", "context holds"),
 ]
 
 
@@ -168,9 +168,15 @@ def test_auth_model_and_route_errors(stack: LocalStack, api: openai.OpenAI) -> N
     assert raised.value.status_code == 401 and raised.value.code == "invalid_api_key"
     body, status = curl(stack.http_url + "/v1/models", "-w", "\n%{http_code}").rsplit("\n", 1)
     assert status == "401" and "an API key is required" in json.loads(body)["error"]["message"]
+    card = json.loads(curl(stack.http_url + "/v1/models", "-H", f"Authorization: Bearer {KEY}"))["data"][0]
+    assert (card["id"], card["draft_model"]) == ("tiny", "tiny-draft")
+    assert card["speculation"] == {"adaptive": True, "num_speculative_tokens": 4, "max_speculative_tokens": 8}
     with pytest.raises(openai.NotFoundError) as missing:
         api.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
     assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as raised:
+        api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x" * 600}])
+    assert raised.value.param == "messages" and "context holds" in raised.value.message
     with pytest.raises(openai.BadRequestError) as raised:
         api.chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
     assert raised.value.param == "messages"

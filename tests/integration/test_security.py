@@ -75,6 +75,23 @@ def test_plaintext_callers_are_refused(stack: LocalStack) -> None:
             assert raised.value.code() == grpc.StatusCode.UNAVAILABLE, (name, raised.value)
 
 
+def test_the_cli_says_which_side_speaks_tls(
+    stack: LocalStack, certs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specserve.cli import main
+    from specserve.security import speaks_tls
+
+    assert (speaks_tls(stack.address), speaks_tls(stack.addresses["target"])) == (True, True)  # mTLS too
+    assert main(["generate", "--address", stack.address, "--api-key", API_KEY, "hi"]) == 1
+    assert "UNAVAILABLE" in (err := capsys.readouterr().err) and "this server speaks TLS: pass --tls-ca" in err
+    with LocalStack(draft=None) as plain:
+        assert speaks_tls(plain.address) is False
+        args = ["generate", "--address", plain.address, "--tls-ca", str(certs / "ca.pem"), "hi"]
+        assert main(args) == 1
+        assert "this server speaks plaintext, not TLS" in capsys.readouterr().err
+    assert speaks_tls(plain.address) is None  # stopped: no connection, no hint
+
+
 def test_an_untrusted_server_certificate_is_refused(stack: LocalStack, tmp_path: Path) -> None:
     other_ca = make_certs(tmp_path / "other")
     with SpecServeClient(stack.address, timeout_s=10, tls=client_tls(other_ca), api_key=API_KEY) as client:

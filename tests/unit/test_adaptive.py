@@ -310,7 +310,7 @@ def test_a_change_of_k_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     # with the expected tokens/s of both: the figures it decided on (measured or borrowed; ? when neither)
     assert len(caplog.messages) == 1
     assert re.fullmatch(
-        rf"adaptive k 4 -> {changed} at 1 sessions \(exploring; tokens/s a session: k=4 \d+\.\d\d, k={changed} \?\)",
+        rf"adaptive k 4 -> {changed} at 1 session \(exploring; tokens/s a session: k=4 \d+\.\d\d, k={changed} \?\)",
         caplog.messages[0],
     ), caplog.messages
 

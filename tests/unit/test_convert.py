@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protos import convert
+from protos import convert, generation
 from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
 from specserve.core.types import SamplingParams, SparseProbs
@@ -77,9 +77,9 @@ def test_generation_request_round_trip() -> None:
         num_speculative_tokens=2,
         ignore_eos=True,
     )
-    assert convert.generation_request_from_proto(convert.generation_request_to_proto(request)) == request
+    assert generation.generation_request_from_proto(generation.generation_request_to_proto(request)) == request
     chat = GenerationRequest(messages=(("user", "hi"),))
-    back = convert.generation_request_from_proto(convert.generation_request_to_proto(chat))
+    back = generation.generation_request_from_proto(generation.generation_request_to_proto(chat))
     assert back.messages == chat.messages and back.num_speculative_tokens is None and back.sampling.seed is None
 
 

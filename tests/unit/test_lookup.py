@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from draft_service.lookup import LookupConfig, LookupSession, LookupWorker, NgramIndex, parse_draft_name
+from draft_service.lookup import LookupConfig, LookupSession, LookupWorker, NgramIndex
+from draft_service.names import parse_draft_name
 from draft_service.worker import ProposeCall
 from specserve.core.types import SamplingParams
 from specserve.core.verify import rejection_sample
