@@ -115,9 +115,12 @@ class ServedStack:
         return client_runner(self.clients[variant], k, cfg)
 
     @property
-    def load_clients(self) -> dict[bool, SpecServeClient]:
-        """For the load sweep: early_stop -> client."""
-        return {False: self.clients[PIPELINED], True: self.clients[EARLY_STOP]}
+    def load_clients(self) -> dict[bool | str, SpecServeClient]:
+        """For the load sweep: early_stop, or an extra draft's name -> client."""
+        extra: dict[bool | str, SpecServeClient] = {
+            m.name: self.clients[draft_variant(m.name)] for m in self.extra_drafts
+        }
+        return {False: self.clients[PIPELINED], True: self.clients[EARLY_STOP], **extra}
 
 
 def client_runner(client: SpecServeClient, k: int | None, cfg: BenchConfig) -> Runner:
