@@ -45,7 +45,9 @@ class HybridSession(DraftSession):
     judged windows (counts fade by `memory` per judged window): 1 untried, so lookup is tried on its first
     good match, and tried again some rounds after it did badly. A window is judged when a commit carries
     new tokens or cuts the context (a pre-draft's commit, which keeps everything and adds nothing, only
-    assumes). The adaptive k of the orchestrator sees the cheaper lookup rounds in its round times."""
+    assumes). The choice depends only on what is already committed, never on this round's verification,
+    so sampled output stays exact. The adaptive k of the orchestrator sees the cheaper lookup rounds in its
+    round times."""
 
     def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None, config: HybridConfig):
         super().__init__(loaded, prompt_token_ids, seed)
