@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from draft_service.names import parse_draft_name
 from orchestrator.config import OrchestratorConfig
 from specserve.config import WorkerServiceConfig
 from specserve.models.config import ModelConfig
@@ -20,6 +21,9 @@ from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.security import TLSConfig, read_api_key
 
 ROLES = ("draft", "target")
+LOOKUP_NUM_CPUS = 0.25
+"""CPUs a prompt-lookup draft replica (`ngram`: no model) asks Ray for unless the config says: it keeps token
+lists and an n-gram index per session, and asks for no GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,10 @@ class RoleConfig:
     """A draft on CUDA: sessions in its preallocated KV pool, stepped by CUDA graphs (0: none)."""
     draft_slot_tokens: int = 4096
     """A draft on CUDA: context one pool slot holds."""
+    prompt_lookup_max: int = 4
+    """A prompt-lookup draft (`ngram`, `MODEL+ngram`): the longest suffix n-gram it looks up."""
+    prompt_lookup_min: int = 2
+    """... and the shortest."""
     cpu_threads: int | None = None
     """Torch threads for CPU inference; None: every core of the node for a target, a quarter for a draft
     (specserve.models.loading.cpu_threads; Ray would otherwise cap OMP_NUM_THREADS at num_cpus)."""
@@ -76,14 +84,25 @@ class RoleConfig:
             raise ValueError(f"max_load_failures must be >= 1, got {self.max_load_failures}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if self.lookup_only and (self.num_gpus or self.accelerator_type):
+            raise ValueError(
+                f"num_gpus / accelerator_type: a lookup draft ({self.model.name!r}) loads no model and uses no GPU; "
+                f"set num_gpus to 0 and no accelerator_type (got {self.num_gpus}, {self.accelerator_type})"
+            )
         self.service("127.0.0.1")  # validates the server's own settings
+
+    @property
+    def lookup_only(self) -> bool:
+        """The replicas serve prompt lookup alone (`ngram`), with no model."""
+        return parse_draft_name(self.model.name)[0] is None
 
     def service(self, host: str, tls: TLSConfig | None = None) -> WorkerServiceConfig:
         """The gRPC server one replica runs, listening on `host` (port chosen when it starts)."""
         return WorkerServiceConfig(
             self.model, host, 0, self.max_sessions, self.idle_ttl_s, self.max_batch_size, tls,
             prefill_chunk_tokens=self.prefill_chunk_tokens, draft_slots=self.draft_slots,
-            draft_slot_tokens=self.draft_slot_tokens,
+            draft_slot_tokens=self.draft_slot_tokens, prompt_lookup_max=self.prompt_lookup_max,
+            prompt_lookup_min=self.prompt_lookup_min,
         )  # fmt: skip
 
     def ray_resources(self) -> dict[str, float]:
@@ -146,6 +165,8 @@ class DeployConfig:
     def __post_init__(self) -> None:
         if self.target.replicas < 1:
             raise ValueError(f"target.replicas must be >= 1, got {self.target.replicas}")
+        if parse_draft_name(self.target.model.name)[1]:
+            raise ValueError(f"target.model.name: {self.target.model.name!r} is a drafter; a target is a model")
 
     def role(self, name: str) -> RoleConfig | None:
         return self.target if name == "target" else self.draft
@@ -209,6 +230,8 @@ def _role(data: Any, where: str, default_model: ModelConfig) -> RoleConfig:
     else:
         data["model"] = _build(ModelConfig, {"name": default_model.name, **_mapping(model, f"{where}.model")},
                                f"{where}.model", defaults=default_model)  # fmt: skip
+    if where == "draft" and parse_draft_name(data["model"].name)[0] is None:
+        data.setdefault("num_cpus", LOOKUP_NUM_CPUS)  # prompt lookup: a little CPU, no GPU
     return _build(RoleConfig, data, where)
 
 

@@ -5,28 +5,38 @@ from __future__ import annotations
 import grpc
 import torch
 
+from draft_service.lookup import LookupWorker
 from draft_service.worker import DraftWorker, ProposeCall
 from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from protos.session_servicer import SessionServicer
 from specserve.core.types import Proposal
-from specserve.placement import usable_cpu_count
-from specserve.rpc import BatchQueue, unary_errors
+from specserve.placement import this_process, usable_cpu_count
+from specserve.rpc import BatchQueue, WorkerServicer, unary_errors
 
 
 class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
     executor_name = "draft-model"
-    worker: DraftWorker
+    worker: DraftWorker | LookupWorker
     queue: BatchQueue[ProposeCall, Proposal]
     cpu_threads: tuple[int, int] | None = None
     """On the CPU: (the draft's own share of the cores, every core it may use)."""
 
-    def attach(self, worker: DraftWorker) -> None:
-        super().attach(worker)
-        if worker.loaded.device.type == "cpu":
+    def attach(self, worker: DraftWorker | LookupWorker) -> None:
+        if isinstance(worker, LookupWorker):  # no model, no tokenizer: model_info says token-agnostic
+            WorkerServicer.attach(self, worker)
+            self.placement = this_process("cpu")
+        else:
+            super().attach(worker)
+        if isinstance(worker, DraftWorker) and worker.loaded.device.type == "cpu":
             self.cpu_threads = (torch.get_num_threads(), max(torch.get_num_threads(), usable_cpu_count()))
         self.queue = BatchQueue(self.executor, self.propose_batch, lambda c: c.session_id, self.max_batch_size)
+
+    def model_info(self) -> pb.ModelInfoResponse:
+        if isinstance(self.worker, LookupWorker):
+            return convert.lookup_info_to_proto(self.worker.name, self.placement)
+        return super().model_info()
 
     def propose_batch(self, calls: list[ProposeCall]) -> list[Proposal | Exception]:
         """On the model thread. A batch whose targets all wait for it runs on every core: the orchestrator

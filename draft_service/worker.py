@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -51,13 +51,16 @@ class DraftWorker:
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> DraftSession:
         check_prompt(prompt_token_ids, self.loaded)
-        session = DraftSession(self.loaded, prompt_token_ids, seed)
+        session = self.new_session(prompt_token_ids, seed)
         pool, decoder = self.pool, self.loaded.decoder
         if pool is not None and decoder is not None and len(prompt_token_ids) < pool.tokens_per_slot:
             slot = pool.acquire()
             if slot is not None:  # else a growing cache, as for a prompt too long for a slot
                 session.sequence = SlotSequence(self.loaded.model, prompt_token_ids, decoder, pool, slot)
         return session
+
+    def new_session(self, prompt_token_ids: list[int], seed: int | None) -> DraftSession:
+        return DraftSession(self.loaded, prompt_token_ids, seed)
 
     def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None = None) -> None:
         session = self.open_session(prompt_token_ids, seed)
@@ -87,6 +90,7 @@ class DraftWorker:
                 continue
             session.commit(call.num_kept, call.new_token_ids)
             session.make_room(call.k)
+            call = replace(call, k=session.model_k(call.k, call.sampling))  # a hybrid may draft by lookup
             active.append((i, session, call, len(session.sequence.token_ids)))
         drafting = [(s, c, start) for _, s, c, start in active if c.k > 0]
         while drafting:
@@ -169,7 +173,7 @@ class DraftSession:
 
     def propose(self, k: int, sampling: SamplingParams) -> Proposal:
         start = len(self.sequence.token_ids)
-        for _ in range(k):  # feeds the accepted tokens first, then each proposal
+        for _ in range(self.model_k(k, sampling)):  # feeds the accepted tokens first, then each proposal
             if self.step(self.sequence.feed(1)[-1], sampling) < self.confidence_threshold:
                 break
         return self.take_proposal(start)
@@ -190,11 +194,15 @@ class DraftSession:
         self.sequence.token_ids.append(token_id)
         return confidence
 
+    def model_k(self, k: int, sampling: SamplingParams) -> int:
+        """How many of this round's k drafts the model makes (all of them; see HybridSession)."""
+        return k
+
     def take_proposal(self, start: int) -> Proposal:
         """The tokens drafted since `start`, with their distributions when sampling."""
         rows, self._support_rows = self._support_rows, []
         probs = SparseProbs(tuple(ids for ids, _ in rows), tuple(p for _, p in rows)) if rows else None
-        return Proposal(self.sequence.token_ids[start:], probs)
+        return Proposal(self.sequence.token_ids[start:], probs, "model")
 
     def make_room(self, k: int) -> None:
         """A sequence in a pool slot that k more tokens would overflow moves to a growing cache."""

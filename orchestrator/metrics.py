@@ -75,6 +75,14 @@ class Metrics:
             "specserve_speculation_length", "k: drafts proposed in one round (0: a target-only round)",
             buckets=COUNT_BUCKETS, registry=r,
         )  # fmt: skip
+        self.draft_tokens_proposed = Counter(
+            "specserve_draft_tokens_proposed", "Draft tokens proposed, by the drafter that made them (source: "
+            "model, ngram: prompt lookup)", ["source"], registry=r,
+        )  # fmt: skip
+        self.draft_tokens_accepted = Counter(
+            "specserve_draft_tokens_accepted", "Draft tokens the target accepted, by the drafter that made them",
+            ["source"], registry=r,
+        )  # fmt: skip
         self.tokens_per_second = Histogram(
             "specserve_request_tokens_per_second", "Per request: generated tokens / seconds from arrival to end",
             buckets=THROUGHPUT_BUCKETS, registry=r,
@@ -125,6 +133,7 @@ class RequestTracker:
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
         self._rounds = self._proposed = self._accepted = 0
+        self._by_source: dict[str, tuple[int, int]] = {}  # source -> (proposed, accepted) counted so far
 
     def observe_chunk(self, num_tokens: int, stats: SpeculationStats) -> None:
         now = time.perf_counter()
@@ -138,6 +147,13 @@ class RequestTracker:
                 self.metrics.speculation_length.observe(proposed / rounds)
                 self.metrics.accepted_per_round.observe(accepted / rounds)
             self._rounds, self._proposed, self._accepted = stats.num_rounds, stats.num_proposed, stats.num_accepted
+        for source, proposed in stats.proposed_by_source.items():
+            accepted = stats.accepted_by_source.get(source, 0)
+            seen_proposed, seen_accepted = self._by_source.get(source, (0, 0))
+            if proposed > seen_proposed:
+                self.metrics.draft_tokens_proposed.labels(source).inc(proposed - seen_proposed)
+                self.metrics.draft_tokens_accepted.labels(source).inc(accepted - seen_accepted)
+                self._by_source[source] = (proposed, accepted)
 
     def finish(self, error: BaseException | None, stats: SpeculationStats | None = None) -> None:
         m = self.metrics

@@ -301,14 +301,17 @@ class RemoteRequest:
         while (k := self._next_k()) is not None:
             chosen_k, t0 = self.decoder.k, time.perf_counter()  # the policy's k (k: shrunk near the budget)
             proposal = ready if ready is not None else await self._propose(k)
-            proposal = Proposal(proposal.token_ids[:k], None if proposal.probs is None else proposal.probs[:k])
+            probs = None if proposal.probs is None else proposal.probs[:k]
+            proposal = Proposal(proposal.token_ids[:k], probs, proposal.source)
             t1 = time.perf_counter()
             context_length = decoder.context_length
             predraft = self._start_predraft(proposal) if self._pipelined() else None
             verdict = await self._verify(proposal)
             t2 = time.perf_counter()
             ready = await self._settle_predraft(predraft, proposal, verdict)
-            if ready is None and proposal.token_ids:  # the draft held the context; its accepted drafts match
+            # the draft held the context (an empty proposal too, e.g. a lookup that found no match); its
+            # accepted drafts match
+            if ready is None and (proposal.token_ids or self._draft_length == context_length):
                 self._draft_valid = context_length + verdict.num_accepted
             if (policy := self._adaptive_k()) is not None:  # the whole round, waits and overlap included
                 now, clock = time.perf_counter(), self._prefill_clock()
@@ -458,13 +461,15 @@ class RemoteRequest:
             return None
         guess, report = result  # [bonus guess, next window...]
         self._draft_length += len(guess.token_ids)
+        if not guess.token_ids:  # a drafter may propose nothing (a lookup without a match)
+            return None
         if verdict.num_accepted < len(proposal.token_ids) or verdict.token_ids[-1] != guess.token_ids[0]:
             return None
         if len(guess.token_ids) == 1:  # the draft stopped after the bonus guess (low confidence): no window
             return None
         self.pipeline.num_predraft_hits += 1
         self.decoder.result.stats.draft_hidden_s += report.compute_s
-        return Proposal(guess.token_ids[1:], None if guess.probs is None else guess.probs[1:])
+        return Proposal(guess.token_ids[1:], None if guess.probs is None else guess.probs[1:], guess.source)
 
     async def _verify(self, proposal: Proposal) -> Verdict:
         started = time.perf_counter()

@@ -43,6 +43,8 @@ class ModelInfo:
     max_context: int
     eos_token_ids: frozenset[int]
     placement: Placement | None = None
+    token_agnostic: bool = False
+    """A drafter that needs no tokenizer (prompt lookup): any target may use it."""
 
 
 class _WorkerClient:
@@ -122,7 +124,7 @@ class DraftClient(_WorkerClient):
         response = await self._call("Propose", request, timeout_s or self.deadlines.round_s)
         probs = response.probs if response.HasField("probs") else None
         report = PassReport(response.compute_ms / 1000, response.batch_size)
-        return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size), report
+        return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size, response.source), report
 
 
 class TargetClient(_WorkerClient):
@@ -153,4 +155,5 @@ def _model_info(message: pb.ModelInfoResponse) -> ModelInfo:
         message.max_context,
         frozenset(message.eos_token_ids),
         convert.placement_from_proto(message),
+        message.token_agnostic,
     )

@@ -173,7 +173,10 @@ class Orchestrator:
 
 
 def check_pair(draft_info: ModelInfo, target_info: ModelInfo) -> None:
-    """Refuse a draft whose tokens mean something else to the target: mismatches fail silently otherwise."""
+    """Refuse a draft whose tokens mean something else to the target: mismatches fail silently otherwise.
+    A token-agnostic draft (prompt lookup) proposes only ids of the session's own context: any target."""
+    if draft_info.token_agnostic:
+        return
     if draft_info.tokenizer_fingerprint != target_info.tokenizer_fingerprint:
         draft_fp, target_fp = draft_info.tokenizer_fingerprint[:12], target_info.tokenizer_fingerprint[:12]
         raise TokenizerMismatchError(

@@ -51,17 +51,22 @@ def probs_from_proto(message: pb.SparseProbs, vocab_size: int) -> SparseProbs:
 
 
 def proposal_to_proto(proposal: Proposal) -> pb.ProposeResponse:
-    return pb.ProposeResponse(token_ids=proposal.token_ids, probs=probs_to_proto(proposal.probs))
+    return pb.ProposeResponse(
+        token_ids=proposal.token_ids, probs=probs_to_proto(proposal.probs), source=proposal.source
+    )
 
 
-def proposal_from_proto(token_ids: list[int], probs: pb.SparseProbs | None, vocab_size: int) -> Proposal:
+def proposal_from_proto(
+    token_ids: list[int], probs: pb.SparseProbs | None, vocab_size: int, source: str = ""
+) -> Proposal:
     # checked first: the target densifies the rows, and a few MB of row_lengths would be [rows, vocab] floats
     if len(token_ids) > MAX_NUM_SPECULATIVE_TOKENS:
         raise ValueError(f"at most {MAX_NUM_SPECULATIVE_TOKENS} draft tokens per round, got {len(token_ids)}")
     num_rows = len(probs.row_lengths) if probs is not None else 0
     if num_rows and num_rows != len(token_ids):
         raise ValueError(f"draft_probs has {num_rows} rows for {len(token_ids)} draft tokens")
-    return Proposal(list(token_ids), probs_from_proto(probs, vocab_size) if probs is not None and num_rows else None)
+    sparse = probs_from_proto(probs, vocab_size) if probs is not None and num_rows else None
+    return Proposal(list(token_ids), sparse, source)
 
 
 def verdict_to_proto(verdict: Verdict) -> pb.VerifyResponse:
@@ -79,6 +84,15 @@ def model_info_to_proto(loaded: LoadedModel, fingerprint: str, placement: Placem
         vocab_size=loaded.vocab_size,
         max_context=loaded.max_context,
         eos_token_ids=sorted(loaded.eos_token_ids),
+        placement=pb.Placement(host=placement.host, device=placement.device, cpus=sorted(placement.cpus)),
+    )
+
+
+def lookup_info_to_proto(name: str, placement: Placement) -> pb.ModelInfoResponse:
+    """A drafter without a model or tokenizer (prompt lookup): it serves any target."""
+    return pb.ModelInfoResponse(
+        model=name,
+        token_agnostic=True,
         placement=pb.Placement(host=placement.host, device=placement.device, cpus=sorted(placement.cpus)),
     )
 

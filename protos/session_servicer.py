@@ -31,11 +31,14 @@ class SessionServicer(WorkerServicer):
         self.fingerprint = TokenizerSpec.of(worker.loaded.tokenizer, worker.loaded.vocab_size).fingerprint()
         self.placement = this_process(str(worker.loaded.device))
 
+    def model_info(self) -> pb.ModelInfoResponse:
+        return convert.model_info_to_proto(self.worker.loaded, self.fingerprint, self.placement)
+
     @unary_errors
     async def GetModelInfo(
         self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInfoResponse:
-        info = convert.model_info_to_proto(self.worker.loaded, self.fingerprint, self.placement)
+        info = self.model_info()
         info.num_sessions = len(self.worker.sessions)
         return info
 

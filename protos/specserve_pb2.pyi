@@ -39,7 +39,21 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("proposed", "accepted", "acceptance_rate", "rounds", "tokens_per_second", "time_to_first_token_ms", "mean_acceptance_length", "prompt_tokens", "generated_tokens", "draft_ms", "target_ms", "total_ms", "transport_ms", "rejections", "proposed_at_position", "accepted_at_position", "draft_hidden_ms")
+    __slots__ = ("proposed", "accepted", "acceptance_rate", "rounds", "tokens_per_second", "time_to_first_token_ms", "mean_acceptance_length", "prompt_tokens", "generated_tokens", "draft_ms", "target_ms", "total_ms", "transport_ms", "rejections", "proposed_at_position", "accepted_at_position", "draft_hidden_ms", "proposed_by_source", "accepted_by_source")
+    class ProposedBySourceEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class AcceptedBySourceEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     PROPOSED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +71,8 @@ class GenerationStats(_message.Message):
     PROPOSED_AT_POSITION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_AT_POSITION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_BY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_BY_SOURCE_FIELD_NUMBER: _ClassVar[int]
     proposed: int
     accepted: int
     acceptance_rate: float
@@ -74,7 +90,9 @@ class GenerationStats(_message.Message):
     proposed_at_position: _containers.RepeatedScalarFieldContainer[int]
     accepted_at_position: _containers.RepeatedScalarFieldContainer[int]
     draft_hidden_ms: float
-    def __init__(self, proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., rounds: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transport_ms: _Optional[float] = ..., rejections: _Optional[int] = ..., proposed_at_position: _Optional[_Iterable[int]] = ..., accepted_at_position: _Optional[_Iterable[int]] = ..., draft_hidden_ms: _Optional[float] = ...) -> None: ...
+    proposed_by_source: _containers.ScalarMap[str, int]
+    accepted_by_source: _containers.ScalarMap[str, int]
+    def __init__(self, proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., rounds: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transport_ms: _Optional[float] = ..., rejections: _Optional[int] = ..., proposed_at_position: _Optional[_Iterable[int]] = ..., accepted_at_position: _Optional[_Iterable[int]] = ..., draft_hidden_ms: _Optional[float] = ..., proposed_by_source: _Optional[_Mapping[str, int]] = ..., accepted_by_source: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats")
@@ -199,7 +217,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids", "num_sessions", "placement")
+    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids", "num_sessions", "placement", "token_agnostic")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +225,7 @@ class ModelInfoResponse(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_AGNOSTIC_FIELD_NUMBER: _ClassVar[int]
     model: str
     tokenizer_fingerprint: str
     vocab_size: int
@@ -214,7 +233,8 @@ class ModelInfoResponse(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_sessions: int
     placement: Placement
-    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_sessions: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
+    token_agnostic: bool
+    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_sessions: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., token_agnostic: _Optional[bool] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("host", "device", "cpus")
@@ -263,16 +283,18 @@ class ProposeRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., num_kept: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., confidence_threshold: _Optional[float] = ..., target_idle: _Optional[bool] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("token_ids", "probs", "compute_ms", "batch_size")
+    __slots__ = ("token_ids", "probs", "compute_ms", "batch_size", "source")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: SparseProbs
     compute_ms: float
     batch_size: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    source: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "draft_token_ids", "draft_probs", "sampling")

@@ -81,6 +81,10 @@ class WorkerServiceConfig:
     (models/slot_cache.py); the others keep growing caches and eager steps. 0: no pool. Ignored by targets."""
     draft_slot_tokens: int = 4096
     """A draft on CUDA: context one pool slot holds (a longer session moves to a growing cache)."""
+    prompt_lookup_max: int = 4
+    """A prompt-lookup draft (`ngram`, `MODEL+ngram`): the longest suffix n-gram it looks up (vLLM's name)."""
+    prompt_lookup_min: int = 2
+    """... and the shortest. Ignored by other workers."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -96,6 +100,9 @@ class WorkerServiceConfig:
         if self.draft_slots < 0 or self.draft_slot_tokens < 1:
             raise ValueError(f"draft_slots must be >= 0 and draft_slot_tokens >= 1, got {self.draft_slots}, "
                              f"{self.draft_slot_tokens}")  # fmt: skip
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, "
+                             f"{self.prompt_lookup_max}")  # fmt: skip
 
     def slot_cache(self) -> SlotCacheConfig:
         """The draft's slot pool: on CUDA (as SlotCacheConfig decides) unless draft_slots is 0."""

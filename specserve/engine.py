@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from draft_service.hybrid import HybridWorker
+from draft_service.lookup import LookupWorker
+from draft_service.names import parse_draft_name
 from draft_service.worker import DraftWorker
 from specserve.config import EngineConfig, GenerationRequest
 from specserve.core.loop import GenerationResult, SpeculativeDecoder
@@ -31,8 +34,11 @@ class SpeculativeEngine:
         draft: LoadedModel | None,
         num_speculative_tokens: int = 4,
         draft_confidence_threshold: float = 0.0,
+        lookup: bool = False,
     ) -> None:
-        """`draft_confidence_threshold`: the draft ends a window after a token it gave less probability."""
+        """`draft_confidence_threshold`: the draft ends a window after a token it gave less probability;
+        `lookup`: prompt lookup drafts too (draft_service/lookup.py): alone without a draft model, else the
+        hybrid of the two (draft_service/hybrid.py)."""
         if draft is not None:  # refuse before any speculation: mismatched vocabularies fail silently
             if draft.max_context < target.max_context:
                 raise ValueError(
@@ -45,15 +51,20 @@ class SpeculativeEngine:
             )
         self.target, self.draft = target, draft
         self.target_worker = TargetWorker(target)
-        self.draft_worker = DraftWorker(draft) if draft is not None else None
-        self.num_speculative_tokens = num_speculative_tokens if draft is not None else 0
+        self.draft_worker: DraftWorker | LookupWorker | None = None
+        if draft is not None:
+            self.draft_worker = HybridWorker(draft) if lookup else DraftWorker(draft)
+        elif lookup:
+            self.draft_worker = LookupWorker()
+        self.num_speculative_tokens = num_speculative_tokens if self.draft_worker is not None else 0
         self.draft_confidence_threshold = draft_confidence_threshold
 
     @classmethod
     def from_config(cls, config: EngineConfig, home: Path | None = None) -> SpeculativeEngine:
         target = load_model(config.target, home)
-        draft = load_model(config.draft, home) if config.draft is not None else None
-        return cls(target, draft, config.num_speculative_tokens)
+        draft_name, lookup = parse_draft_name(config.draft.name) if config.draft is not None else (None, False)
+        draft = load_model(replace(config.draft, name=draft_name), home) if config.draft and draft_name else None
+        return cls(target, draft, config.num_speculative_tokens, lookup=lookup)
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
         return tokenize_request(self.target.tokenizer, request, self.target.max_context, self.target.vocab_size)

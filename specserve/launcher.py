@@ -40,6 +40,10 @@ def _worker_command(role: str, model: ModelConfig, port: int) -> list[str]:
     return command + ([] if model.pack_weights else ["--no-pack-weights"])
 
 
+def extra_draft_role(name: str) -> str:
+    return f"draft:{name}"
+
+
 class Workers(dict[str, str]):
     """Role -> address of the worker processes `worker_processes` started; their processes by role."""
 
@@ -59,16 +63,21 @@ class Workers(dict[str, str]):
 
 @contextmanager
 def worker_processes(
-    target: ModelConfig, draft: ModelConfig | None, worker_args: Sequence[str] = ()
+    target: ModelConfig,
+    draft: ModelConfig | None,
+    worker_args: Sequence[str] = (),
+    extra_drafts: Sequence[ModelConfig] = (),
 ) -> Iterator[Workers]:
     """Start the target (and draft) servers as child processes (with `worker_args` added to their command
-    lines); stop them on exit, whatever happens."""
+    lines); stop them on exit, whatever happens. `extra_drafts`: more draft servers, known as
+    `extra_draft_role(name)` (e.g. prompt lookup beside the model draft, over the same target)."""
     roles = [("target", target)] + ([("draft", draft)] if draft is not None else [])
+    roles += [(extra_draft_role(model.name), model) for model in extra_drafts]
     workers = Workers()
     try:
         for role, model in roles:
             port = free_port()
-            command = _worker_command(role, model, port) + list(worker_args)
+            command = _worker_command(role.split(":")[0], model, port) + list(worker_args)
             workers.processes[role] = process = subprocess.Popen(command, env=dict(os.environ))
             workers[role] = f"127.0.0.1:{port}"
             logger.info("started %s service (pid %d) on %s", role, process.pid, workers[role])

@@ -9,9 +9,9 @@ import re
 import socket
 from pathlib import Path
 
+from draft_service.names import NGRAM
 from specserve.models.registry import PRESETS
 
-NGRAM = "ngram"  # the prompt-lookup draft (no model), alone or after a model: "qwen2.5-coder-0.5b+ngram"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 HUB_TIMEOUT_S = 5.0
 

@@ -59,12 +59,20 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-requests", type=int, default=16, help="with --request-rate: requests per mode")
     parser.add_argument(
-        "--categories", nargs="+", default=["code"], help="with --concurrency: code, chat, summarisation, "
-        "translation, 'question answering', maths, edit (code to edit: answers repeat the prompt), long-N",
+        "--categories", "--category", nargs="+", default=["code"], help="the workloads: code (HumanEval), chat, "
+        "summarisation, translation, 'question answering', maths, edit (code to edit: answers repeat the prompt), "
+        "long-N (specserve/bench/workloads.py)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--drafts", nargs="+", default=[], metavar="DRAFT", help="with --served: also measure these draft services "
+        "over the same target worker, at adaptive k and each of --ks, e.g. ngram (prompt lookup) or "
+        "qwen2.5-coder-0.5b+ngram (the hybrid); outputs checked against target-only's. With --concurrency: "
+        "start them, for modes such as adaptive@ngram",
     )  # fmt: skip
     parser.add_argument(
         "--modes", nargs="+", default=list(DEFAULT_MODES), help="with --concurrency/--request-rate: "
-        "target-only, k=N, adaptive, and k=N+stop / adaptive+stop (the draft ends windows on low confidence); "
+        "target-only, k=N, adaptive, and k=N+stop / adaptive+stop (the draft ends windows on low confidence), "
+        "k=N@DRAFT / adaptive@DRAFT (over a draft of --drafts); "
         "a mode with a label, e.g. target-only#2, runs again in turns of its own (its ratio to the mode: the noise)",
     )  # fmt: skip
     parser.add_argument(
@@ -96,6 +104,7 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
         baseline_dtypes=tuple(args.baseline_dtypes), hf=not args.no_hf, hf_plain_target=not args.no_hf_plain,
         hf_fp32_draft=not args.no_fp32_draft, in_process=not args.no_in_process,
         served=args.served, address=args.address, stop_threshold=args.confidence_threshold if args.early_stop else 0.0,
+        categories=tuple(args.categories), extra_drafts=tuple(args.drafts),
     )  # fmt: skip
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     summary = run_bench(cfg)
@@ -112,10 +121,11 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
 def _bench_load(args: argparse.Namespace, config: EngineConfig) -> int:
     """Closed-loop clients at each concurrency, or open-loop arrivals at each rate, against the served stack:
     target-only, k=4, adaptive."""
-    from specserve.bench.load import Compared, check_departures, rate_sweep, sweep
+    from specserve.bench.load import Compared, check_departures, parse_mode, rate_sweep, sweep
     from specserve.bench.report import machine
     from specserve.bench.served import ServedStack
     from specserve.bench.workloads import workload
+    from specserve.models.config import ModelConfig
 
     if config.draft is None:
         raise ValueError("the load sweep compares speculative modes with target-only: it needs a draft")
@@ -127,7 +137,11 @@ def _bench_load(args: argparse.Namespace, config: EngineConfig) -> int:
         raise ValueError("--check-ties compares greedy outputs: it needs --temperature 0")
     modes = tuple(args.modes)
     compared: list[Compared] | None = [] if args.check_ties else None
-    with ServedStack(config.target, config.draft, args.confidence_threshold) as stack:
+    unknown = sorted({m.draft for m in map(parse_mode, modes) if m.draft} - set(args.drafts))
+    if unknown:
+        raise ValueError(f"modes run over drafts {unknown} that --drafts does not start")
+    extra = [ModelConfig(name, quantization=args.draft_quantization) for name in args.drafts]
+    with ServedStack(config.target, config.draft, args.confidence_threshold, extra_drafts=extra) as stack:
         clients, rows = stack.load_clients, []
         if args.concurrency:
             rows += sweep(clients, workloads, args.concurrency, args.max_tokens, args.requests_per_client,

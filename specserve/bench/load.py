@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 DEFAULT_MODES = ("target-only", "k=4", "adaptive")
 EARLY_STOP = "+stop"  # mode suffix: served by the orchestrator whose draft ends windows on low confidence
 CONTROL = "#"  # 'target-only#2': the mode again, in turns of its own; its ratio to the mode is the bench's noise
+OVER = "@"  # 'adaptive@ngram': over the extra draft service `ngram` (bench --drafts), the same target worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,25 +35,40 @@ class Mode:
     name: str
     k: int | None  # None: adaptive
     early_stop: bool = False
+    draft: str = ""  # an extra draft service's name (OVER); "": the main draft
+
+    @property
+    def client_key(self) -> bool | str:
+        """Which orchestrator serves the mode's requests (Clients)."""
+        return self.draft or self.early_stop
 
 
 def parse_mode(name: str) -> Mode:
-    """'target-only', 'k=N', 'adaptive', and either speculative one with '+stop' (e.g. 'adaptive+stop'); any
-    of them with a control label ('target-only#2'), measured alike under its own name."""
+    """'target-only', 'k=N', 'adaptive', and either speculative one with '+stop' (e.g. 'adaptive+stop') or
+    over an extra draft service ('adaptive@ngram', 'k=4@qwen2.5-coder-0.5b+ngram'); any of them with a
+    control label ('target-only#2'), measured alike under its own name."""
     base, _, label = name.partition(CONTROL)
     if CONTROL in name and not label.isalnum():
         raise ValueError(f"unknown mode {name!r}: a control's label is letters or digits ('target-only#2')")
+    base, over, draft = base.partition(OVER)
+    if over and not draft:
+        raise ValueError(f"unknown mode {name!r}: name the draft after {OVER} ('adaptive@ngram')")
     base, early_stop = (base[: -len(EARLY_STOP)], True) if base.endswith(EARLY_STOP) else (base, False)
-    if base == "target-only" and not early_stop:
+    if early_stop and draft:
+        raise ValueError(f"unknown mode {name!r}: {EARLY_STOP} is measured over the main draft only")
+    if base == "target-only" and not early_stop and not draft:
         return Mode(name, 0)
     if base == "adaptive":
-        return Mode(name, None, early_stop)
+        return Mode(name, None, early_stop, draft)
     if base.startswith("k=") and base[2:].isdigit() and int(base[2:]) > 0:
-        return Mode(name, int(base[2:]), early_stop)
-    raise ValueError(f"unknown mode {name!r}: use target-only, k=N (N >= 1) or adaptive, optionally with {EARLY_STOP}")
+        return Mode(name, int(base[2:]), early_stop, draft)
+    raise ValueError(
+        f"unknown mode {name!r}: use target-only, k=N (N >= 1) or adaptive, optionally with {EARLY_STOP} or {OVER}DRAFT"
+    )
 
 
-Clients = Mapping[bool, SpecServeClient]  # early_stop -> the orchestrator to send that mode's requests to
+Clients = Mapping[bool | str, SpecServeClient]
+"""Mode.client_key -> the orchestrator to send that mode's requests to: early_stop, or an extra draft's name."""
 
 
 Prompt = tuple[str, bool]  # (text, send through the chat template)
@@ -328,7 +344,7 @@ def _request(
     ttft, counted = None, 0
     message = {"messages": [("user", text)]} if chat else {"prompt": text}
     mode = parse_mode(run.mode)
-    client = clients[mode.early_stop]
+    client = clients[mode.client_key]
     request = build_request(
         **message, max_tokens=max_tokens, num_speculative_tokens=mode.k, ignore_eos=True,
         temperature=run.temperature,  # no seed: a seeded sample keeps a fixed k

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -22,6 +23,9 @@ from specserve.models.loading import DTYPES, LoadedModel, ModelConfig, load_mode
 from specserve.models.packing import PackedLinear
 from specserve.models.quantized import quantization_label
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+if TYPE_CHECKING:
+    from specserve.bench.served import ServedStack
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +69,12 @@ class BenchConfig:
     """Also measure an already-running orchestrator at HOST:PORT (serving the same models)."""
     ignore_eos: bool = True
     """Generate exactly max_tokens in every mode, so all modes do the same work."""
+    categories: tuple[str, ...] = ("code",)
+    """Workloads whose prompts are measured (specserve/bench/workloads.py), up to num_prompts of each;
+    chat-style ones rendered through the target's chat template."""
+    extra_drafts: tuple[str, ...] = ()
+    """With `served`: more draft services over the same target worker, each measured at adaptive k and at
+    each k of `ks`, e.g. `ngram` (prompt lookup) or `MODEL+ngram` (the hybrid)."""
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.num_prompts > 164:
@@ -75,6 +85,10 @@ class BenchConfig:
             raise ValueError(f"stop_threshold must be in [0, 1), got {self.stop_threshold}")
         if not self.in_process and not (self.served or self.address):
             raise ValueError("without the in-process modes the bench needs the served stack or an address")
+        if self.extra_drafts and not self.served:
+            raise ValueError(f"extra_drafts {list(self.extra_drafts)} are measured on the served stack: add served")
+        if not self.categories:
+            raise ValueError("categories must name at least one workload")
 
 
 @dataclass(slots=True)
@@ -86,6 +100,7 @@ class ModeResult:
     num_tokens: int = 0
     seconds: float = 0.0
     stats: SpeculationStats = field(default_factory=SpeculationStats)  # summed over prompts (ours only)
+    draft: str = ""  # a served mode over an extra draft service (BenchConfig.extra_drafts): its name
     num_target_passes: int = 0  # peer only
     outputs: list[list[int]] = field(default_factory=list)
 
@@ -103,6 +118,10 @@ class ModeResult:
         total.target_s += stats.target_s
         total.prefill_s += stats.prefill_s
         total.transport_s += stats.transport_s
+        for source, proposed in stats.proposed_by_source.items():
+            total.proposed_by_source[source] = total.proposed_by_source.get(source, 0) + proposed
+            accepted = stats.accepted_by_source.get(source, 0)
+            total.accepted_by_source[source] = total.accepted_by_source.get(source, 0) + accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +169,12 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
         if cfg.served:  # first: a worker's load briefly needs about twice its weights' memory
             from specserve.bench.served import ServedStack
 
-            served = stack.enter_context(ServedStack(target_config, draft_config))
+            extra = [ModelConfig(name, quantization=cfg.draft_quantization) for name in cfg.extra_drafts]
+            served = stack.enter_context(ServedStack(target_config, draft_config, extra_drafts=extra))
         # without in-process modes the served stack holds specserve's target; the peer gets the one transformers ships
         target = load_model(target_config if cfg.in_process else _as_shipped(cfg), home)
         draft = load_model(draft_config, home)
-        texts = humaneval_prompts(cfg.num_prompts)
+        texts = workload_texts(cfg, target)
         prompts = [Prompt(t, target.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
         if cfg.in_process:
             modes = _modes(cfg, target, draft, home)
@@ -175,6 +195,7 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
                 for variant, suffix in SERVED_MODE_SUFFIXES.items():
                     name = f"served k={k}{suffix}"
                     modes.append((ModeResult(name, "served", k, settings), served.runner(k, variant, cfg)))
+            modes += _extra_draft_modes(cfg, target, served, max_k)
         if cfg.address is not None:
             from orchestrator.client import SpecServeClient
             from specserve.bench.served import client_runner
@@ -188,6 +209,41 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
             runner(Prompt(prompts[0].text[:48], prompts[0].token_ids[:16]))
         _measure(prompts, modes)
     return summarize(cfg, target, [p.token_ids for p in prompts], [m for m, _ in modes])
+
+
+def workload_texts(cfg: BenchConfig, target: LoadedModel) -> list[str]:
+    """The prompts of cfg.categories as raw text; chat-style ones rendered by the target's chat template,
+    so that every mode (in process: token ids; served: the text) gets the same tokens."""
+    from specserve.bench.workloads import workload  # it imports humaneval_prompts from here
+
+    texts = []
+    for category in cfg.categories:
+        for prompt, chat in workload(category, cfg.num_prompts):
+            if chat:
+                messages = [{"role": "user", "content": prompt}]
+                prompt = str(target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+            texts.append(prompt)
+    return texts
+
+
+def _extra_draft_modes(
+    cfg: BenchConfig, target: LoadedModel, served: ServedStack, max_k: int
+) -> list[tuple[ModeResult, Runner]]:
+    """The served modes over each extra draft service: adaptive k, then each k; the same target worker."""
+    from specserve.bench.served import draft_variant
+
+    modes: list[tuple[ModeResult, Runner]] = []
+    for name in cfg.extra_drafts:
+        settings = f"target {_dtype(target)}, draft {name}, over gRPC"
+        variant = draft_variant(name)
+        adaptive = ModeResult(
+            f"served {name} adaptive", "served", max_k, f"{settings}, adaptive k <= {max_k}", draft=name
+        )
+        modes.append((adaptive, served.runner(None, variant, cfg)))
+        for k in cfg.ks:
+            mode = ModeResult(f"served {name} k={k}", "served", k, settings, draft=name)
+            modes.append((mode, served.runner(k, variant, cfg)))
+    return modes
 
 
 def _modes(
@@ -306,13 +362,14 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
             "tokens_per_second": round(mode.tokens_per_second, 3),
             "speedup_vs_target": round(mode.tokens_per_second / fastest.tokens_per_second, 3),
         }
-        if mode.kind in ("speculative", "served") and mode.k > 0:
+        if mode.kind in ("speculative", "served") and mode.k > 0 and mode.stats.num_proposed:
             s = mode.stats
             alpha = s.per_token_acceptance
             c = (s.draft_s / s.num_proposed) / target_step
             v_k = (s.target_s / s.num_rounds) / target_step
             # stops shorten a window, and adaptive k chooses each round's
-            varies = mode.name.endswith("+stop") or mode.name == ADAPTIVE
+            # (and a lookup's window is as long as the continuation it found)
+            varies = mode.name.endswith(("+stop", "adaptive")) or "ngram" in mode.draft
             window = s.num_proposed / s.num_rounds if varies else mode.k
             theory = expected_speedup(alpha, window, c, v_k)
             speedup_same_target = mode.tokens_per_second / reference.tokens_per_second
@@ -331,10 +388,15 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
                 speedup_vs_same_target=round(speedup_same_target, 3),
                 efficiency=round(speedup_same_target / theory, 3),
             )
+        if mode.draft:  # which drafter made the drafts (the hybrid's mix)
+            row.update(
+                proposed_by_source=dict(mode.stats.proposed_by_source),
+                accepted_by_source=dict(mode.stats.accepted_by_source),
+            )
         if mode.kind == "served" and mode.stats.num_rounds:
             row["transport_ms_per_round"] = round(1000 * mode.stats.transport_s / mode.stats.num_rounds, 2)
             in_process = next((m for m in modes if m.kind == "speculative" and m.k == mode.k), None)
-            if in_process is not None and mode.k:
+            if in_process is not None and mode.k and not mode.draft:
                 row["served_vs_in_process"] = round(mode.tokens_per_second / in_process.tokens_per_second, 3)
         elif mode.kind == "peer" and mode.num_target_passes:
             # assisted generation verifies its first window in the prefill pass: every pass is a round

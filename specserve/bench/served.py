@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from specserve.core.stats import SpeculationStats
-from specserve.launcher import Workers, free_port, worker_processes
+from specserve.launcher import Workers, extra_draft_role, free_port, worker_processes
 from specserve.models.loading import ModelConfig
 
 if TYPE_CHECKING:
@@ -29,6 +29,11 @@ SERVED_MODE_SUFFIXES = {
 """The bench's served modes: variant -> what its mode names add to "served k=N"."""
 
 
+def draft_variant(name: str) -> str:
+    """The served variant whose orchestrator (the default one) uses the extra draft worker `name`."""
+    return f"draft {name}"
+
+
 class ServedStack:
     """Orchestrators over the same two workers: the default (pipelined), unpipelined, pipelined with the
     draft's early stop at `confidence_threshold` (the load sweep's '+stop' modes), pipelined even on
@@ -41,10 +46,13 @@ class ServedStack:
         draft: ModelConfig,
         confidence_threshold: float = 0.3,
         worker_args: Sequence[str] = (),
+        extra_drafts: Sequence[ModelConfig] = (),
     ) -> None:
-        """worker_args: added to both workers' command lines (e.g. --prefill-chunk-tokens N)."""
+        """worker_args: added to every worker's command line (e.g. --prefill-chunk-tokens N); extra_drafts:
+        more draft workers (e.g. `ngram`, `MODEL+ngram`), each with a default orchestrator over the same
+        target worker, as the variant `draft_variant(name)`."""
         self.target, self.draft, self.confidence_threshold = target, draft, confidence_threshold
-        self.worker_args = worker_args
+        self.worker_args, self.extra_drafts = worker_args, extra_drafts
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="served-bench", daemon=True)
         self.exits = ExitStack()
@@ -58,7 +66,9 @@ class ServedStack:
         from orchestrator.server import serve
         from orchestrator.service import OrchestratorConfig
 
-        workers = self.exits.enter_context(worker_processes(self.target, self.draft, self.worker_args))
+        workers = self.exits.enter_context(
+            worker_processes(self.target, self.draft, self.worker_args, self.extra_drafts)
+        )
         self.thread.start()
         self.stop = asyncio.run_coroutine_threadsafe(_event(), self.loop).result()
         variants = {
@@ -72,8 +82,13 @@ class ServedStack:
                 sequential_confidence_threshold=0.0, port=free_port(), http_port=None
             ),
         }
+        drafts = {variant: workers["draft"] for variant in variants}
+        for model in self.extra_drafts:
+            variant = draft_variant(model.name)
+            variants[variant] = OrchestratorConfig(port=free_port(), http_port=None)
+            drafts[variant] = workers[extra_draft_role(model.name)]
         for variant, config in variants.items():
-            fleet = StaticFleet({role: [workers[role]] for role in ("target", "draft")})
+            fleet = StaticFleet({"target": [workers["target"]], "draft": [drafts[variant]]})
             self.tasks.append(asyncio.run_coroutine_threadsafe(serve(config, fleet, stop=self.stop), self.loop))
             self.addresses[variant] = f"127.0.0.1:{config.port}"
         self.clients = {p: SpecServeClient(a) for p, a in self.addresses.items()}
@@ -100,9 +115,12 @@ class ServedStack:
         return client_runner(self.clients[variant], k, cfg)
 
     @property
-    def load_clients(self) -> dict[bool, SpecServeClient]:
-        """For the load sweep: early_stop -> client."""
-        return {False: self.clients[PIPELINED], True: self.clients[EARLY_STOP]}
+    def load_clients(self) -> dict[bool | str, SpecServeClient]:
+        """For the load sweep: early_stop, or an extra draft's name -> client."""
+        extra: dict[bool | str, SpecServeClient] = {
+            m.name: self.clients[draft_variant(m.name)] for m in self.extra_drafts
+        }
+        return {False: self.clients[PIPELINED], True: self.clients[EARLY_STOP], **extra}
 
 
 def client_runner(client: SpecServeClient, k: int | None, cfg: BenchConfig) -> Runner:
@@ -123,6 +141,8 @@ def client_runner(client: SpecServeClient, k: int | None, cfg: BenchConfig) -> R
             draft_s=s.draft_ms / 1000,
             target_s=s.target_ms / 1000,
             transport_s=s.transport_ms / 1000,
+            proposed_by_source=dict(s.proposed_by_source),
+            accepted_by_source=dict(s.accepted_by_source),
         )
         return list(response.token_ids), seconds, stats, 0
 

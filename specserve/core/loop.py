@@ -101,7 +101,9 @@ class SpeculativeDecoder:
 
     def apply(self, proposal: Proposal, verdict: Verdict, draft_s: float, target_s: float) -> list[int]:
         """Record one verified round; return the tokens it emits after EOS, length and stop-string trims."""
-        self.result.stats.observe_round(len(proposal.token_ids), verdict.num_accepted, draft_s, target_s)
+        self.result.stats.observe_round(
+            len(proposal.token_ids), verdict.num_accepted, draft_s, target_s, proposal.source
+        )
         return self._append(verdict.token_ids)
 
     def apply_first(self, token_id: int) -> list[int]:

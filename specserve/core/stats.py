@@ -31,12 +31,17 @@ class SpeculationStats:
     time_to_first_token_s: float = 0.0
     transport_s: float = 0.0  # served stack: waiting on internal calls (queues, turns) beyond the workers' compute
     draft_hidden_s: float = 0.0  # draft compute overlapped with verification whose window was used
+    proposed_by_source: dict[str, int] = field(default_factory=dict)  # drafts per drafter ("model", "ngram")
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
 
     def observe_prefill(self, num_prompt_tokens: int, seconds: float) -> None:
         self.num_prompt_tokens = num_prompt_tokens
         self.prefill_s += seconds
 
-    def observe_round(self, k: int, num_accepted: int, draft_s: float, target_s: float) -> None:
+    def observe_round(self, k: int, num_accepted: int, draft_s: float, target_s: float, source: str = "") -> None:
+        if k and source:
+            self.proposed_by_source[source] = self.proposed_by_source.get(source, 0) + k
+            self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + num_accepted
         self.num_rounds += 1
         self.num_proposed += k
         self.num_accepted += num_accepted
@@ -98,6 +103,8 @@ class SpeculationStats:
             "proposed_at_position": list(self.proposed_at_position),
             "accepted_at_position": list(self.accepted_at_position),
             "draft_hidden_ms": self.draft_hidden_s * 1000,
+            "proposed_by_source": dict(self.proposed_by_source),
+            "accepted_by_source": dict(self.accepted_by_source),
         }
 
     def to_dict(self) -> dict[str, Any]:

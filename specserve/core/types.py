@@ -64,6 +64,7 @@ class Proposal:
 
     token_ids: list[int]  # k proposed tokens
     probs: SparseProbs | None = None  # k rows: the draft distribution they were sampled from; None if greedy
+    source: str = ""  # which drafter made it: "model", "ngram" (prompt lookup); "" when not said
 
 
 @dataclass(frozen=True, slots=True)

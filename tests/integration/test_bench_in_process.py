@@ -97,6 +97,29 @@ def test_the_served_bench_measures_the_server_s_default_adaptive_k() -> None:
     assert rows["served k=2"]["mean_window"] <= 2
 
 
+def test_the_served_bench_measures_lookup_and_hybrid_drafts_over_the_same_target() -> None:
+    cfg = BenchConfig(
+        target="tiny", draft="tiny-draft", num_prompts=1, max_tokens=32, ks=(4,), baseline_dtypes=("float32",),
+        draft_quantization="none", hf=False, hf_fp32_draft=False, served=True, in_process=False,
+        categories=("code", "translation"), extra_drafts=("ngram", "tiny-draft+ngram"),
+    )  # fmt: skip
+    summary = run_bench(cfg)
+    rows = {row["mode"]: row for row in summary["modes"]}
+    extra = [f"served {draft} {mode}" for draft in ("ngram", "tiny-draft+ngram") for mode in ("adaptive", "k=4")]
+    assert list(rows)[-4:] == extra
+    for name in extra:  # one code and one chat-templated prompt, each checked against the served target-only
+        assert rows[name]["tokens"] == 2 * 32 and "divergences" in rows[name], name
+        assert all(departure["near_tie"] for departure in rows[name]["divergences"]), name
+        assert "served_vs_in_process" not in rows[name]
+    assert "draft ngram" in rows["served ngram k=4"]["settings"]
+    assert rows["served tiny-draft+ngram k=4"]["acceptance_rate"] > 0  # the tiny target repeats itself
+    assert set(rows["served ngram k=4"]["proposed_by_source"]) <= {"ngram"}
+    hybrid = rows["served tiny-draft+ngram k=4"]["proposed_by_source"]
+    assert sum(hybrid.values()) > 0 and set(hybrid) <= {"model", "ngram"}
+    with pytest.raises(ValueError, match="add served"):
+        BenchConfig(target="tiny", draft="tiny-draft", extra_drafts=("ngram",))
+
+
 def test_without_in_process_modes_the_served_stack_meets_the_peer_as_transformers_ships_it() -> None:
     cfg = BenchConfig(
         target="tiny", draft="tiny-draft", num_prompts=1, max_tokens=16, ks=(2,), baseline_dtypes=("float32",),

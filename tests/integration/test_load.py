@@ -122,9 +122,24 @@ def test_mode_names() -> None:
     assert parse_mode("adaptive+stop") == Mode("adaptive+stop", None, early_stop=True)
     assert parse_mode("target-only#2") == Mode("target-only#2", 0)
     assert parse_mode("adaptive+stop#b") == Mode("adaptive+stop#b", None, early_stop=True)
-    for bad in ("k=0", "k=x", "fast", "target-only+stop", "target-only#", "k=4#a b", "fast#2"):
+    assert parse_mode("k=4@tiny-draft+ngram#2") == Mode("k=4@tiny-draft+ngram#2", 4, draft="tiny-draft+ngram")
+    assert parse_mode("adaptive@ngram").client_key == "ngram" and parse_mode("k=2+stop").client_key is True
+    for bad in ("k=0", "k=x", "fast", "target-only+stop", "target-only#", "k=4#a b", "fast#2", "adaptive@",
+                "target-only@ngram", "k=4+stop@ngram"):  # fmt: skip
         with pytest.raises(ValueError, match="unknown mode"):
             parse_mode(bad)
+
+
+def test_modes_over_an_extra_draft_go_to_its_orchestrator() -> None:
+    with LocalStack() as stack, LocalStack(draft="ngram") as lookup:
+        with SpecServeClient(stack.address) as client, SpecServeClient(lookup.address) as lookup_client:
+            clients = {False: client, "ngram": lookup_client}
+            rows = sweep(clients, {"code": PROMPTS[:1]}, [1], 24, 1, modes=("target-only", "k=4", "k=4@ngram"),
+                         log=False)  # fmt: skip
+    by_mode = {row["mode"]: row for row in rows}
+    assert set(by_mode) == {"target-only", "k=4", "k=4@ngram"} and all(row["errors"] == 0 for row in rows)
+    assert by_mode["k=4@ngram"]["identical_to_target_only"] == 1
+    assert by_mode["k=4@ngram"]["mean_k"] != by_mode["k=4"]["mean_k"]  # lookup's windows: shorter or none
 
 
 def test_open_loop_arrivals_at_a_request_rate() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config import RoleConfig, config_from_dict, load_config
+from deploy.config import LOOKUP_NUM_CPUS, RoleConfig, config_from_dict, load_config
 from deploy.serve import _demand, _on_this_machine
 from specserve.models.loading import ModelConfig
 
@@ -75,6 +75,25 @@ def test_ray_resources_per_replica() -> None:
     role = RoleConfig(ModelConfig("m"), num_gpus=0.5, num_cpus=2, resources={"small_gpu": 0.5}, accelerator_type="L4")
     assert role.ray_resources() == {"CPU": 2, "GPU": 0.5, "small_gpu": 0.5, "accelerator_type:L4": 0.001}
     assert RoleConfig(ModelConfig("m"), num_cpus=0).ray_resources() == {}
+
+
+def test_a_lookup_draft_asks_for_no_gpu_and_little_cpu() -> None:
+    config = load_config(overrides={"draft.model.name": "ngram"})
+    assert config.draft is not None and config.draft.lookup_only
+    assert config.draft.ray_resources() == {"CPU": LOOKUP_NUM_CPUS}
+    assert load_config(overrides={"draft.model.name": "ngram", "draft.num_cpus": 2}).draft.ray_resources() == {
+        "CPU": 2
+    }  # what the config says wins
+    hybrid = load_config(overrides={"draft.model.name": "tiny-draft+ngram"}).draft
+    assert hybrid is not None and not hybrid.lookup_only and hybrid.ray_resources() == {"CPU": 1.0}
+    with pytest.raises(ValueError, match="num_gpus"):
+        load_config(overrides={"draft.model.name": "ngram", "draft.num_gpus": 0.5})
+    with pytest.raises(ValueError, match="target.model.name"):
+        load_config(overrides={"target.model.name": "ngram"})
+    sizes = load_config(overrides={"draft.model.name": "ngram", "draft.prompt_lookup_min": 1}).draft
+    assert sizes is not None and sizes.service("127.0.0.1").prompt_lookup_min == 1
+    with pytest.raises(ValueError, match="draft: need 1 <= prompt_lookup_min"):
+        load_config(overrides={"draft.model.name": "ngram", "draft.prompt_lookup_min": 5})
 
 
 def test_a_gpu_config_runs_on_a_machine_without_gpus() -> None:

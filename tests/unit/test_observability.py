@@ -134,6 +134,23 @@ def test_a_request_is_exported_round_by_round_and_at_its_end() -> None:
     assert got["specserve_replica_sessions", (("replica", "t:1"), ("role", "target"))] == 2
 
 
+def test_drafts_are_counted_by_the_drafter_that_made_them() -> None:
+    metrics = Metrics()
+    tracker = metrics.track("grpc")
+    stats = SpeculationStats()
+    for k, accepted, source in [(4, 3, "ngram"), (4, 1, "model"), (0, 0, ""), (2, 2, "ngram")]:
+        stats.observe_round(k, accepted, 0.01, 0.01, source)
+        stats.observe_emitted(accepted + 1, 0.1)
+        tracker.observe_chunk(accepted + 1, stats)
+    tracker.finish(None, stats)
+    got = samples(metrics)
+    assert got["specserve_draft_tokens_proposed_total", (("source", "ngram"),)] == 6
+    assert got["specserve_draft_tokens_accepted_total", (("source", "ngram"),)] == 5
+    assert got["specserve_draft_tokens_proposed_total", (("source", "model"),)] == 4
+    assert got["specserve_draft_tokens_accepted_total", (("source", "model"),)] == 1
+    assert ("specserve_draft_tokens_proposed_total", (("source", ""),)) not in got
+
+
 def test_json_log_lines_carry_the_request_id() -> None:
     record = logging.LogRecord("orchestrator.x", logging.INFO, __file__, 1, "done %d", (3,), None)
     record.rpc_method = "/specserve.v1.TargetService/Verify"
