@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
 from typing import cast
 
 from transformers import PreTrainedTokenizerBase
