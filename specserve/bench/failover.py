@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from specserve.launcher import Workers, free_port, worker_processes
-from specserve.models.loading import DTYPES, QUANTIZATIONS, ModelConfig
+from specserve.models.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig
 
 if TYPE_CHECKING:
     from specserve.models.loading import LoadedModel
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", "--model", default="qwen2.5-coder-1.5b", help="preset, HF model id or directory")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b", help="preset, HF id or directory; 'none': target-only")
     for role in ("target", "draft"):
-        parser.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPES])
+        parser.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES])
         parser.add_argument(f"--{role}-device", default="auto")
     parser.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS)
     parser.add_argument("--num-streams", type=int, default=3, help="concurrent greedy streams")

@@ -13,7 +13,7 @@ from specserve.bench.failover import FailoverConfig, FailoverResult, StreamResul
 from specserve.bench.lossless import reference_logits
 from specserve.config import GenerationRequest
 from specserve.engine import SpeculativeEngine
-from specserve.models.loading import ModelConfig
+from specserve.models.config import ModelConfig
 
 TINY = ModelConfig("tiny", device="cpu", dtype="float32")
 TINY_DRAFT = ModelConfig("tiny-draft", device="cpu", dtype="float32")
