@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from specserve.bench.load import DEFAULT_MODES
+from specserve.bench.served import SERVED_MODE_SUFFIXES
 from specserve.config import EngineConfig
 from specserve.models.config import DTYPE_NAMES
 
@@ -64,6 +65,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "long-N (specserve/bench/workloads.py)",
     )  # fmt: skip
     parser.add_argument(
+        "--served-variants", nargs="+", choices=list(SERVED_MODE_SUFFIXES), metavar="VARIANT",
+        help="with --served: run only these variants of the 'served k=N' modes (default: all of "
+        f"{', '.join(repr(v) for v in SERVED_MODE_SUFFIXES)})",
+    )  # fmt: skip
+    parser.add_argument(
         "--drafts", nargs="+", default=[], metavar="DRAFT", help="with --served: also measure these draft services "
         "over the same target worker, at adaptive k and each of --ks, e.g. ngram (prompt lookup) or "
         "qwen2.5-coder-0.5b+ngram (the hybrid); outputs checked against target-only's. With --concurrency: "
@@ -105,6 +111,7 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
         hf_fp32_draft=not args.no_fp32_draft, in_process=not args.no_in_process,
         served=args.served, address=args.address, stop_threshold=args.confidence_threshold if args.early_stop else 0.0,
         categories=tuple(args.categories), extra_drafts=tuple(args.drafts),
+        served_variants=tuple(args.served_variants) if args.served_variants else None,
     )  # fmt: skip
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     summary = run_bench(cfg)

@@ -75,6 +75,9 @@ class BenchConfig:
     extra_drafts: tuple[str, ...] = ()
     """With `served`: more draft services over the same target worker, each measured at adaptive k and at
     each k of `ks`, e.g. `ngram` (prompt lookup) or `MODEL+ngram` (the hybrid)."""
+    served_variants: tuple[str, ...] | None = None
+    """With `served`: which variants of the default draft's "served k=N" modes run (specserve/bench/served.py
+    SERVED_MODE_SUFFIXES: pipelined, unpipelined, ...); None: all of them."""
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.num_prompts > 164:
@@ -193,6 +196,8 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
             modes.append((adaptive, served.runner(None, PIPELINED, cfg)))
             for k in cfg.ks:
                 for variant, suffix in SERVED_MODE_SUFFIXES.items():
+                    if cfg.served_variants is not None and variant not in cfg.served_variants:
+                        continue
                     name = f"served k={k}{suffix}"
                     modes.append((ModeResult(name, "served", k, settings), served.runner(k, variant, cfg)))
             modes += _extra_draft_modes(cfg, target, served, max_k)

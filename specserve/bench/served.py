@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from specserve.core.stats import SpeculationStats
 from specserve.launcher import Workers, extra_draft_role, free_port, worker_processes
-from specserve.models.loading import ModelConfig
+from specserve.models.config import ModelConfig
 
 if TYPE_CHECKING:
     from orchestrator.client import SpecServeClient
