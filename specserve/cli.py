@@ -44,7 +44,8 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("models")
     g.add_argument("--target", "--model", default=DEFAULT_TARGET, help="target: preset, HF model id or directory")
     g.add_argument("--draft", "--speculative-model", default=DEFAULT_DRAFT,
-                   help="draft: preset, HF model id or directory; 'none' for none")  # fmt: skip
+                   help="draft: preset, HF model id or directory; 'none' for none; 'ngram': prompt "
+                   "lookup, no model; 'MODEL+ngram': the hybrid of both")  # fmt: skip
     for role in ("target", "draft"):
         g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
         g.add_argument(f"--{role}-device", default="auto", help=DEVICE_HELP)
@@ -177,7 +178,7 @@ def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("models (default: the qwen2.5-coder 1.5b target, 0.5b draft)")
     g.add_argument("--target", "--model", help="target: preset, HF model id or directory")
     g.add_argument("--draft", "--speculative-model", help="draft: preset, HF model id or directory; 'none' serves "
-                   "target-only")  # fmt: skip
+                   "target-only; 'ngram': prompt lookup, no model; 'MODEL+ngram': the hybrid of both")  # fmt: skip
     for role in ("target", "draft"):
         g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
         g.add_argument(f"--{role}-device", help=DEVICE_HELP)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from specserve.core.types import Verdict
+from specserve.core.types import SamplingParams, Verdict
 
 if TYPE_CHECKING:
     from specserve.bench.lossless import Divergence
@@ -27,6 +27,31 @@ def tv_distance(empirical: Mapping[K, float], reference: Mapping[K, float]) -> f
     """0.5 * sum |empirical - reference| over the union of both supports."""
     keys = set(empirical) | set(reference)
     return 0.5 * sum(abs(empirical.get(x, 0.0) - reference.get(x, 0.0)) for x in keys)
+
+
+@torch.inference_mode()
+def exact_joint(
+    target: LoadedModel, prompt: str, sampling: SamplingParams, num_tokens: int
+) -> dict[tuple[int, ...], float]:
+    """The target's exact distribution of its next `num_tokens` sampled tokens after `prompt`:
+    p(t1 | prompt) p(t2 | prompt, t1) ... from full forward passes, over every sequence in the support."""
+    from specserve.core.verify import logits_to_probs
+
+    prompt_ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    joint: dict[tuple[int, ...], float] = {}
+
+    def expand(generated: tuple[int, ...], probability: float) -> None:
+        if len(generated) == num_tokens:
+            joint[generated] = probability
+            return
+        input_ids = torch.tensor([prompt_ids + list(generated)])
+        probs = logits_to_probs(target.model(input_ids=input_ids).logits[0, -1:], sampling)[0]  # [vocab]
+        for token_id in torch.nonzero(probs).flatten().tolist():
+            expand(generated + (token_id,), probability * float(probs[token_id]))
+
+    expand((), 1.0)
+    assert abs(sum(joint.values()) - 1.0) < 1e-5
+    return joint
 
 
 def normalize(counts: Mapping[K, float]) -> dict[K, float]:

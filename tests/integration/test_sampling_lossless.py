@@ -10,15 +10,14 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-import torch
 
 import target_service.worker
 from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams, Verdict
-from specserve.core.verify import logits_to_probs
 from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
 from tests.helpers import always_accept, normalize, resample_target_on_rejection, tv_bound, tv_distance
+from tests.helpers import exact_joint as helpers_exact_joint
 
 PROMPT = "def f("
 SAMPLING = SamplingParams(temperature=1.0, top_k=3)  # support of 3 per position: 27 sequences of 3 tokens
@@ -30,22 +29,7 @@ NUM_RUNS = 3000
 @pytest.fixture(scope="module")
 def exact_joint(tiny_target: LoadedModel) -> dict[tuple[int, ...], float]:
     """p(t1 | prompt) p(t2 | prompt, t1) p(t3 | prompt, t1, t2) from full forward passes of the target."""
-    prompt_ids = tiny_target.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-    joint: dict[tuple[int, ...], float] = {}
-
-    @torch.inference_mode()
-    def expand(generated: tuple[int, ...], probability: float) -> None:
-        if len(generated) == NUM_TOKENS:
-            joint[generated] = probability
-            return
-        input_ids = torch.tensor([prompt_ids + list(generated)])
-        probs = logits_to_probs(tiny_target.model(input_ids=input_ids).logits[0, -1:], SAMPLING)[0]  # [vocab]
-        for token_id in torch.nonzero(probs).flatten().tolist():
-            expand(generated + (token_id,), probability * float(probs[token_id]))
-
-    expand((), 1.0)
-    assert abs(sum(joint.values()) - 1.0) < 1e-5
-    return joint
+    return helpers_exact_joint(tiny_target, PROMPT, SAMPLING, NUM_TOKENS)
 
 
 def sampled_joint(engine: SpeculativeEngine, num_runs: int, k: int) -> Counter[tuple[int, ...]]:
