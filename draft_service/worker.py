@@ -9,8 +9,9 @@ import torch
 from specserve.core.types import Proposal, SamplingParams, SparseProbs
 from specserve.core.verify import DRAFT_STREAM, logits_to_probs, make_generator, top_support
 from specserve.models.batching import feed_batch
+from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.loading import LoadedModel
-from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids
+from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids, new_sequence
 from specserve.models.slot_cache import SlotCacheConfig, SlotPool, SlotSequence
 from specserve.models.step_graphs import StepGraphs
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
@@ -151,7 +152,7 @@ class DraftWorker:
 
     def release(self, session_id: str) -> bool:
         session = self.sessions.pop(session_id)
-        if session is not None and isinstance(session.sequence, SlotSequence):
+        if session is not None and isinstance(session.sequence, (SlotSequence, LlamaCppSequence)):
             session.sequence.release()  # at once: a dropped session frees its slot only when collected
         return session is not None
 
@@ -162,7 +163,7 @@ class DraftSession:
     def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
-        self.sequence: CachedSequence | SlotSequence = CachedSequence(loaded.model, prompt_token_ids, loaded.decoder)
+        self.sequence: CachedSequence | SlotSequence | LlamaCppSequence = new_sequence(loaded, prompt_token_ids)
         self.generator = make_generator(seed, DRAFT_STREAM)
         self._support_rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token ids, probs) per draft
         self.confidence_threshold = 0.0  # for propose(); the service passes one per call instead

@@ -60,7 +60,7 @@ def status_for(error: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(error, (ValueError, UnicodeError)):
         return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(error, OverloadedError):
+    if isinstance(error, (OverloadedError, MemoryError)):  # MemoryError: e.g. llama.cpp's KV cache is full
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(error, UnavailableError):
         return grpc.StatusCode.UNAVAILABLE

@@ -9,8 +9,9 @@ import torch
 from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.core.verify import TARGET_STREAM, greedy_verify, logits_to_probs, make_generator, rejection_sample
 from specserve.models.batching import feed_batch
+from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.loading import LoadedModel
-from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids
+from specserve.models.sequence import check_prompt, check_token_ids, new_sequence
 from specserve.sessions import SessionNotFoundError, SessionStore
 
 
@@ -73,7 +74,10 @@ class TargetWorker:
         return session
 
     def release(self, session_id: str) -> bool:
-        return self.sessions.pop(session_id) is not None
+        session = self.sessions.pop(session_id)
+        if session is not None and isinstance(session.sequence, LlamaCppSequence):
+            session.sequence.release()  # its KV entries and sequence id, now rather than when collected
+        return session is not None
 
 
 class TargetSession:
@@ -82,7 +86,7 @@ class TargetSession:
     def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
-        self.sequence = CachedSequence(loaded.model, prompt_token_ids, loaded.decoder)
+        self.sequence = new_sequence(loaded, prompt_token_ids)
         self.generator = make_generator(seed, TARGET_STREAM)
 
     def prefill(self, max_tokens: int | None = None, num_left: int = 1) -> bool:

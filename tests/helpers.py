@@ -44,14 +44,25 @@ def exact_joint(
         if len(generated) == num_tokens:
             joint[generated] = probability
             return
-        input_ids = torch.tensor([prompt_ids + list(generated)])
-        probs = logits_to_probs(target.model(input_ids=input_ids).logits[0, -1:], sampling)[0]  # [vocab]
+        probs = logits_to_probs(_last_logits(target, prompt_ids + list(generated)), sampling)[0]  # [vocab]
         for token_id in torch.nonzero(probs).flatten().tolist():
             expand(generated + (token_id,), probability * float(probs[token_id]))
 
     expand((), 1.0)
     assert abs(sum(joint.values()) - 1.0) < 1e-5
     return joint
+
+
+def _last_logits(target: LoadedModel, token_ids: list[int]) -> torch.Tensor:
+    """Logits [1, vocab] after `token_ids` from one full pass of the target's engine."""
+    from specserve.models.llama_cpp import LlamaCppModel, LlamaCppSequence
+
+    if isinstance(target.model, LlamaCppModel):
+        sequence = LlamaCppSequence(target.model, token_ids)
+        logits = sequence.feed(1)
+        sequence.release()
+        return logits
+    return target.model(input_ids=torch.tensor([token_ids])).logits[0, -1:]
 
 
 def normalize(counts: Mapping[K, float]) -> dict[K, float]:

@@ -31,17 +31,19 @@ class LocalStack:
         interceptors: dict[str, list[Any]] | None = None,
         http: bool = False,
         workers: dict[str, Any] | None = None,
+        engine: str = "auto",
     ):
         """certs: a folder `specserve certs` wrote: TLS everywhere, mutual between orchestrator and workers;
         api_key: the orchestrator requires it; orchestrator: OrchestratorConfig fields to override;
         interceptors: gRPC server interceptors per worker name ("target", "target-1", "draft"), to inject faults;
-        workers: WorkerServiceConfig fields to override in every worker."""
+        workers: WorkerServiceConfig fields to override in every worker; engine: the workers' model engine."""
         self.orchestrator_overrides, self.interceptors = orchestrator or {}, interceptors or {}
         self.worker_overrides = workers or {}
         self.target_name, self.draft_name, self.k, self.pipelined = target, draft, k, pipelined
         self.certs, self.api_key = certs, api_key
         self.http, self.http_url = http, ""  # http: serve the OpenAI-compatible API too, at http_url (a free port)
         self.num_targets = num_targets
+        self.engine = engine
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="stack-loop", daemon=True)
         self.stops: dict[str, asyncio.Event] = {}
@@ -92,7 +94,7 @@ class LocalStack:
         model = model or (self.draft_name if role == "draft" else self.target_name)
         assert model is not None
         tls = TLSConfig.from_dir(self.certs, "worker") if self.certs else None
-        model_config = ModelConfig(model, device="cpu", dtype="float32")
+        model_config = ModelConfig(model, device="cpu", dtype="float32", engine=self.engine)
         config = WorkerServiceConfig(model_config, port=port, tls=tls, **self.worker_overrides)
         name = name or role
         return self._start(name, functools.partial(serve, interceptors=self.interceptors.get(name, ())), config)

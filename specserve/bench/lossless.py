@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.models.llama_cpp import LlamaCppModel, LlamaCppSequence
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence
 
@@ -20,6 +21,7 @@ NEAR_TIE_TOLERANCE: dict[torch.dtype, float] = {
     torch.float16: 0.1,  # 11 significant bits
     torch.float32: 1e-3,  # reduction-order noise is ~1e-5 at these magnitudes
 }
+LLAMA_CPP_TOLERANCE = 0.5  # llama.cpp: a float16 KV cache, and 8-bit activations for quantized weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,7 @@ class ReferenceDecoder:
 
     def __init__(self, target: LoadedModel) -> None:
         self.target = target
-        self._sequences: dict[tuple[int, ...], CachedSequence] = {}
+        self._sequences: dict[tuple[int, ...], CachedSequence | LlamaCppSequence] = {}
 
     @torch.inference_mode()
     def logits(self, prompt_token_ids: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
@@ -70,7 +72,7 @@ class ReferenceDecoder:
         tokens = [*prompt, *generated]
         sequence = self._sequences.get(prompt)
         if sequence is None:
-            sequence = self._sequences[prompt] = CachedSequence(self.target.model, list(prompt))
+            sequence = self._sequences[prompt] = self._new_sequence(list(prompt))
             if len(prompt) > 1:
                 sequence.feed(1, upto=len(prompt) - 1)
         shared = len(prompt) - 1 + _common_length(sequence.token_ids[len(prompt) - 1 :], tokens[len(prompt) - 1 :])
@@ -79,6 +81,13 @@ class ReferenceDecoder:
         for end in range(sequence.num_cached + 1, len(tokens) + 1):
             logits = sequence.feed(1, upto=end)  # [1, vocab]
         return logits[-1].float()
+
+    def _new_sequence(self, token_ids: list[int]) -> CachedSequence | LlamaCppSequence:
+        """transformers' own forward pass for a torch model (the reference the lean pass is checked against)."""
+        model = self.target.model
+        if isinstance(model, LlamaCppModel):
+            return LlamaCppSequence(model, token_ids)
+        return CachedSequence(model, token_ids)
 
 
 def reference_logits(target: LoadedModel, prompt_token_ids: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
@@ -89,6 +98,13 @@ def reference_logits(target: LoadedModel, prompt_token_ids: Sequence[int], gener
 def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     difference = first_difference(a, b)
     return min(len(a), len(b)) if difference is None else difference
+
+
+def near_tie_tolerance(target: LoadedModel) -> float:
+    """How far below the maximum a logit may be and still count as tied: the engine's rounding noise."""
+    if target.engine == "llama.cpp":
+        return LLAMA_CPP_TOLERANCE
+    return NEAR_TIE_TOLERANCE.get(target.dtype, 1e-3)
 
 
 def first_divergence(
@@ -120,5 +136,5 @@ def first_divergence(
         top - float(top2[1]),
         gap(reference_token),
         gap(candidate_token),
-        NEAR_TIE_TOLERANCE.get(decoder.target.dtype, 1e-3) if tolerance is None else tolerance,
+        near_tie_tolerance(decoder.target) if tolerance is None else tolerance,
     )

@@ -10,13 +10,16 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.sequence import CachedSequence
 
 
 @torch.inference_mode()
-def feed_batch(sequences: list[CachedSequence], num_logits: list[int]) -> list[torch.Tensor]:
+def feed_batch(sequences: list[CachedSequence] | list[LlamaCppSequence], num_logits: list[int]) -> list[torch.Tensor]:
     """Feed every sequence's pending tokens in one pass; logits [num_logits[i], vocab] per sequence."""
     assert len(sequences) == len(num_logits) and sequences
+    if isinstance(sequences[0], LlamaCppSequence):
+        return sequences[0].model.feed_batch(sequences, num_logits)  # type: ignore[arg-type]
     if len(sequences) == 1 or any(not _is_initialized(s) for s in sequences):
         return [s.feed(n) for s, n in zip(sequences, num_logits)]
     model = sequences[0].model

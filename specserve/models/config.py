@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4", "auto")
+ENGINES = ("auto", "torch", "llama.cpp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,19 @@ class ModelConfig:
     measured: the 1.5B target's decode step in bfloat16 175 -> 139 ms on an AMX Xeon; in float32 on a
     2-core AVX2 EPYC, a decode step 541 -> 472 ms and a 5-token window 1607 -> 627 ms)."""
 
+    engine: str = "auto"
+    """What runs the passes: `torch` (transformers' model in the dtype and quantization above), `llama.cpp`
+    (the GGUF file's own weights and llama.cpp's CPU kernels: GGUF presets, a `.gguf` path, or the tiny test
+    models written as float32 GGUF), or `auto`: llama.cpp for a GGUF model on the CPU when neither `dtype`
+    nor `quantization` asks for a torch format, else torch."""
+    kv_cache_tokens: int = 8192
+    """llama.cpp engine: KV cache cells shared by all sessions of a worker (one cell per token per session)."""
+
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.kv_cache_tokens < 256:
+            raise ValueError(f"kv_cache_tokens must be >= 256, got {self.kv_cache_tokens}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if not self.name:
@@ -73,6 +86,17 @@ class ModelConfig:
             native_bf16 = device.type == "cuda" or cpu_computes_bfloat16()
             return torch.bfloat16 if native_bf16 else torch.float32
         return DTYPES[self.dtype]
+
+    def resolve_engine(self, device: torch.device, gguf_source: bool) -> str:
+        """The engine `auto` stands for, given where the model runs and whether its weights are GGUF."""
+        if self.engine != "auto":
+            return self.engine
+        from specserve.models.llama_cpp import binding_available
+
+        torch_format = self.dtype != "auto" or self.quantization not in ("auto", "none")
+        if device.type == "cpu" and gguf_source and not torch_format and binding_available():
+            return "llama.cpp"
+        return "torch"
 
     def resolve_quantization(self, device: torch.device) -> str:
         if self.quantization == "auto":

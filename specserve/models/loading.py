@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -24,7 +25,9 @@ from specserve.models import tiny
 from specserve.models.attention import ATTENTION
 from specserve.models.config import DTYPE_NAMES, ModelConfig, default_home
 from specserve.models.fetch import ArtifactError, ensure_gguf, sha256_file
+from specserve.models.gguf_export import write_qwen2_gguf
 from specserve.models.lean import LeanDecoder, lean_decoder, unsupported_reason
+from specserve.models.llama_cpp import LlamaCppModel, LlamaCppOptions
 from specserve.models.packing import pack_linears
 from specserve.models.quantized import quantize_int4, quantize_int8
 from specserve.models.registry import Preset, SplitGGUF, TinySpec, get_preset
@@ -39,7 +42,7 @@ WEIGHTS = "model.safetensors"
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     name: str
-    model: PreTrainedModel
+    model: PreTrainedModel | LlamaCppModel
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
@@ -49,12 +52,18 @@ class LoadedModel:
 
     @property
     def vocab_size(self) -> int:
+        if isinstance(self.model, LlamaCppModel):
+            return self.model.vocab_size
         return int(self.model.config.vocab_size)
+
+    @property
+    def engine(self) -> str:
+        return "llama.cpp" if isinstance(self.model, LlamaCppModel) else "torch"
 
     @property
     def decoder(self) -> LeanDecoder | None:
         """The lean one-sequence forward pass over this model (models/lean.py), where it supports it."""
-        return lean_decoder(self.model)
+        return None if isinstance(self.model, LlamaCppModel) else lean_decoder(self.model)
 
 
 def cpu_computes_bfloat16() -> bool:
@@ -84,6 +93,9 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
     device = config.resolve_device()
     preset = get_preset(config.name)
     tiny_preset = preset is not None and isinstance(preset.source, TinySpec)
+    gguf_source = (preset is not None and isinstance(preset.source, SplitGGUF)) or config.name.endswith(".gguf")
+    if config.resolve_engine(device, gguf_source) == "llama.cpp":
+        return _load_llama_cpp(config, preset, home, progress, started)
     quantization = config.resolve_quantization(device)
     if quantization == "int8" or (tiny_preset and config.dtype == "auto"):
         dtype = torch.float32  # int8 kernels take float32 activations; tiny models exist for exact fp32 tests
@@ -134,6 +146,74 @@ def load_model(config: ModelConfig, home: Path | None = None, progress: bool = T
     return loaded
 
 
+def _load_llama_cpp(
+    config: ModelConfig, preset: Preset | None, home: Path, progress: bool, started: float
+) -> LoadedModel:
+    """The model's GGUF file run by llama.cpp (models/llama_cpp.py), with torch's thread count."""
+    if config.resolve_device().type != "cpu":
+        raise ValueError("the llama.cpp engine runs on the CPU; choose --engine torch for a GPU")
+    if preset is not None and isinstance(preset.source, TinySpec):
+        path, tokenizer = _tiny_gguf(preset, home), tiny.build_tokenizer()
+    elif preset is not None:
+        assert isinstance(preset.source, SplitGGUF)
+        path = ensure_gguf(preset.source, home / "gguf", progress)
+        tokenizer = AutoTokenizer.from_pretrained(ensure_tokenizer(preset, home, progress))
+    elif config.name.endswith(".gguf") and Path(config.name).is_file():
+        path = Path(config.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    else:
+        raise ValueError(f"the llama.cpp engine runs GGUF files: a GGUF preset or a path to a .gguf file, not "
+                         f"{config.name!r}; choose --engine torch for a Hugging Face model")  # fmt: skip
+    options = LlamaCppOptions(threads=torch.get_num_threads(), kv_cache_tokens=config.kv_cache_tokens)
+    model = LlamaCppModel(path, options)
+    extra = preset.extra_eos_tokens if preset else ()
+    eos = {int(tokenizer.convert_tokens_to_ids(token)) for token in extra}
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    loaded = LoadedModel(
+        name=config.name,
+        model=model,
+        tokenizer=tokenizer,
+        device=torch.device("cpu"),
+        dtype=torch.float32,  # the logits' dtype; weights keep the GGUF file's types
+        max_context=min(model.max_context, config.kv_cache_tokens),
+        eos_token_ids=frozenset(eos),
+        load_s=time.perf_counter() - started,
+    )
+    logger.info("loaded %s (%s) with llama.cpp in %.1fs", config.name, path.name, loaded.load_s)
+    return loaded
+
+
+def _tiny_gguf(preset: Preset, home: Path) -> Path:
+    """The tiny test model as a float32 GGUF file, written once per spec."""
+    spec = preset.source
+    assert isinstance(spec, TinySpec)
+    base = get_preset(spec.derived_from) if spec.derived_from else None
+    digest = hashlib.sha256(repr((spec, base.source if base else None)).encode()).hexdigest()[:16]
+    path = home / "gguf" / f"{preset.name}-{digest}.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_qwen2_gguf(_build_tiny(spec), path)
+    return path
+
+
+def ensure_tokenizer(preset: Preset, home: Path, progress: bool = True) -> Path:
+    """The preset's tokenizer files, read once from its verified GGUF (no weights are converted)."""
+    assert isinstance(preset.source, SplitGGUF)
+    directory = home / "tokenizers" / preset.name
+    stamp = directory / "source_sha256"
+    if stamp.is_file() and stamp.read_text() == preset.source.sha256:
+        return directory
+    gguf = ensure_gguf(preset.source, home / "gguf", progress)
+    staging = directory.with_name(directory.name + f".{os.getpid()}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+    (staging / "source_sha256").write_text(preset.source.sha256)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(staging, directory)
+    return directory
+
+
 def _return_freed_memory() -> None:
     """Give the heap memory the load freed (float32 copies, unpacked weights) back to the system: glibc
     keeps it for reuse otherwise, and a loaded 1.5B target stayed at 6.7 GB resident instead of 3.95."""
@@ -160,7 +240,7 @@ def load_tokenizer(name: str, home: Path | None = None, trust_remote_code: bool 
     preset = get_preset(name)
     if preset is not None and isinstance(preset.source, TinySpec):
         return tiny.build_tokenizer()
-    directory = ensure_converted(preset, home or default_home()) if preset is not None else name
+    directory = ensure_tokenizer(preset, home or default_home()) if preset is not None else name
     return AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
 
 
