@@ -1,6 +1,6 @@
 """The default model pair on HumanEval prompts: speculative greedy output equals target-only output,
-except at a near-tie of the target's top two logits (the default target runs in bfloat16, where a
-k + 1 row verification pass and a one-row decode step may round differently)."""
+except at a near-tie of the target's top two logits (on the CPU the default pair runs llama.cpp's
+quantized kernels, where a k + 1 row verification pass and a one-row decode step may round differently)."""
 
 from __future__ import annotations
 
