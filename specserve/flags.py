@@ -1,0 +1,170 @@
+"""Command-line flags derived from typed config dataclasses: a field's name gives its flag, its type the
+parser, its attribute docstring (first sentence) the help. No flag holds a default: one not given is None,
+so the dataclass (or a config file the flags override) keeps the one default there is."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import re
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+FLAG_METADATA = "flag"
+"""The key of a field's metadata that tunes its flag: `field(default=..., metadata=flag(...))`."""
+
+NO_FLAG: dict[str, None] = {FLAG_METADATA: None}
+"""Field metadata for a setting the command line must not carry (a secret; a structure)."""
+SCALARS: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str}
+SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)(?<!\bvs)\.(?=\s|$)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FlagSpec:
+    """How one field's flag departs from what its name and type give."""
+
+    names: tuple[str, ...] = ()
+    """Option strings used instead of `--field-name` (the first names the flag in messages), e.g. ("-k",
+    "--num-speculative-tokens"). A bool field's `--no-...` forms follow each long name."""
+    help: str | None = None
+    """Instead of the docstring's first sentence."""
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+
+def flag(*names: str, help: str | None = None, choices: Sequence[str] | None = None,
+         metavar: str | None = None) -> dict[str, FlagSpec]:  # fmt: skip
+    """Field metadata for a flag that departs from the field's name, docstring or type."""
+    return {FLAG_METADATA: FlagSpec(tuple(names), help, tuple(choices) if choices else None, metavar)}
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] = (),
+    prefix: str = "",
+    defaults: object = None,
+) -> list[str]:
+    """Add one flag per field of `cls` (those in `only`, in that order, else every field the command line can
+    hold, less `skip`); returns the field names. `prefix` (e.g. "target-") goes before each derived flag name
+    and, as "target_", before each dest. `defaults` (an instance) shows other defaults than the class's in
+    the help. Raises TypeError where `only` names a field whose type no flag parses."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    names = list(only) if only is not None else [n for n, f in fields.items() if _has_flag(f)]
+    added = []
+    for name in names:
+        if name in skip:
+            continue
+        field = fields[name]
+        kind = _parser_of(field)
+        if kind is None:
+            raise TypeError(f"{cls.__name__}.{name}: no command-line flag parses {field.type}")
+        spec: FlagSpec = field.metadata.get(FLAG_METADATA) or FlagSpec()
+        option_strings = _option_strings(spec, name, prefix)
+        default = getattr(defaults, name) if defaults is not None else _class_default(field)
+        text = _help(spec.help or field_docs(cls).get(name, ""), default)
+        dest = prefix.replace("-", "_") + name
+        if kind is bool:
+            parser.add_argument(*option_strings, dest=dest, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            nargs = "+" if str(field.type).startswith("tuple[") else None
+            metavar = spec.metavar or _metavar(name, kind)
+            parser.add_argument(*option_strings, dest=dest, type=kind, nargs=nargs, choices=spec.choices,
+                                metavar=None if spec.choices else metavar, help=text)  # fmt: skip
+        added.append(name)
+    return added
+
+
+def given_values(args: argparse.Namespace, names: Iterable[str], prefix: str = "") -> dict[str, Any]:
+    """{field: value} for the flags of `names` that were given (tuples for repeated values)."""
+    values = {}
+    for name in names:
+        value = getattr(args, prefix.replace("-", "_") + name, None)
+        if value is not None:
+            values[name] = tuple(value) if isinstance(value, list) else value
+    return values
+
+
+def build_from_flags(cls: type, args: argparse.Namespace, names: Iterable[str] | None = None, prefix: str = "",
+                     **fixed: Any) -> Any:  # fmt: skip
+    """`cls(**fixed, **given)`: the flags of `names` (default: every field with a flag) that were given, the
+    class's defaults for the rest. Raises what the class's validation raises (ValueError)."""
+    if names is None:
+        names = [f.name for f in dataclasses.fields(cls) if _has_flag(f)]
+    return cls(**fixed, **given_values(args, names, prefix))
+
+
+@functools.cache
+def field_docs(cls: type) -> Mapping[str, str]:
+    """{field: its attribute docstring} from the class's source ({} where the source is not shipped)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0]
+    assert isinstance(body, ast.ClassDef), cls
+    docs = {}
+    for statement, following in zip(body.body, body.body[1:], strict=False):
+        if not (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)):
+            continue
+        if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            if isinstance(following.value.value, str):
+                docs[statement.target.id] = following.value.value
+    return docs
+
+
+def first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    end = SENTENCE_END.search(text)
+    return text[: end.end()] if end else text
+
+
+def _help(doc: str, default: object) -> str:
+    text = first_sentence(doc)
+    if default is not None:
+        shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+        shown = ("on" if default else "off") if isinstance(default, bool) else shown
+        text = f"{text} (default: {shown})" if text else f"default: {shown}"
+    return text.replace("%", "%%") or "(undocumented)"
+
+
+def _option_strings(spec: FlagSpec, name: str, prefix: str) -> list[str]:
+    names = spec.names or ("--" + name.replace("_", "-"),)
+    if not prefix:
+        return list(names)
+    return ["--" + prefix + n.removeprefix("--") for n in names if n.startswith("--")]
+
+
+def _metavar(name: str, kind: Callable[[str], object]) -> str:
+    if name.endswith("_s"):
+        return "SECONDS"
+    return {int: "N", float: "X"}.get(kind, name.upper())  # type: ignore[call-overload]
+
+
+def _class_default(field: dataclasses.Field[Any]) -> object:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def _has_flag(field: dataclasses.Field[Any]) -> bool:
+    return field.metadata.get(FLAG_METADATA, FlagSpec()) is not None and _parser_of(field) is not None
+
+
+def _parser_of(field: dataclasses.Field[Any]) -> Callable[[str], object] | None:
+    """The parser of one command-line value of the field: int, float, str or bool (a switch); None where the
+    type is no scalar, an optional scalar or a tuple of scalars."""
+    type_name = str(field.type).removesuffix(" | None")
+    if type_name == "bool":
+        return bool
+    if type_name.startswith("tuple[") and type_name.endswith(", ...]"):
+        type_name = type_name.removeprefix("tuple[").removesuffix(", ...]")
+    return SCALARS.get(type_name)
