@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from specserve.bench.command import add_bench_arguments
+from specserve.flags import add_config_flags, build_from_flags
 from specserve.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 from specserve.models.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
@@ -31,7 +32,7 @@ from specserve.security import API_KEY_ENV, ORCHESTRATOR_NAME, TLSConfig
 # start in a fraction of a second; the commands that load models import what they need.
 if TYPE_CHECKING:
     from deploy.config import DeployConfig
-    from specserve.config import EngineConfig, GenerationRequest
+    from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
 
 LOG_FORMAT_HELP = f"text, or one JSON object per line (default: ${LOG_FORMAT_ENV}, else text)"
 DTYPE_HELP = "auto: bfloat16 on GPUs and CPUs that compute it, else float32 (tiny models: float32)"
@@ -480,47 +481,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def worker_parser(role: str) -> argparse.ArgumentParser:
-    """The flags of `python -m draft_service` / `python -m target_service` (launcher.py writes them)."""
+    """The flags of `python -m draft_service` / `python -m target_service` (launcher.py writes them): one per
+    ModelConfig and WorkerServiceConfig field, and the TLS files."""
+    from specserve.config import DRAFT_ONLY_SETTINGS, WorkerServiceConfig
+
     parser = argparse.ArgumentParser(prog=f"python -m {role}_service", description=f"serve a {role} model over gRPC")
-    parser.add_argument("--model", required=True, help="preset, HF model id or local directory")
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_NAMES])
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--quantization", default="auto" if role == "draft" else "none", choices=QUANTIZATIONS)
-    parser.add_argument("--trust-remote-code", action="store_true")
-    parser.add_argument(
-        "--no-pack-weights", action="store_true", help="CPU bfloat16: keep Linear weights as loaded (not prepacked)"
-    )
-    parser.add_argument(
-        "--no-few-query-attention",
-        action="store_true",
-        help="CPU: attention as transformers calls it (no packed query heads)",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 opens it to the network")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--max-sessions", type=int, default=256)
-    parser.add_argument("--idle-ttl-s", type=float, default=300.0)
-    parser.add_argument("--max-batch-size", type=int, default=16, help="sessions per forward pass at most")
-    parser.add_argument(
-        "--prefill-chunk-tokens", type=int, default=256, help="prompt tokens per prefill pass (others' passes between)"
-    )
-    if role == "draft":
-        parser.add_argument("--draft-slots", type=int, default=64, help="on CUDA: sessions in the preallocated "
-                            "KV pool, stepped by CUDA graphs (0: none)")  # fmt: skip
-        parser.add_argument("--draft-slot-tokens", type=int, default=4096, help="on CUDA: context of one slot")
-    parser.add_argument("--cpu-threads", type=int, help="torch threads on CPU (default: OMP_NUM_THREADS if set, "
-                        "else all cores for a target, a quarter for a draft)")  # fmt: skip
-    parser.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
-    parser.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate (and --tls-key)")
-    parser.add_argument("--tls-key", metavar="PEM")
-    parser.add_argument("--tls-ca", metavar="PEM", help="mutual TLS: answer only the orchestrator's certificate "
-                        f"({ORCHESTRATOR_NAME}) signed by this CA")  # fmt: skip
+    add_config_flags(parser.add_argument_group("model (ModelConfig)"), ModelConfig,
+                     defaults=ModelConfig.for_role(role, "NAME"))  # fmt: skip
+    skip = DRAFT_ONLY_SETTINGS if role == "target" else ()
+    add_config_flags(parser.add_argument_group("server (WorkerServiceConfig)"), WorkerServiceConfig, skip=skip)
+    g = parser.add_argument_group("logs and security")
+    g.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
+    g.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate (and --tls-key)")
+    g.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    g.add_argument("--tls-ca", metavar="PEM", help="mutual TLS: answer only the orchestrator's certificate "
+                   f"({ORCHESTRATOR_NAME}) signed by this CA")  # fmt: skip
     return parser
 
 
-def worker_model(args: argparse.Namespace) -> ModelConfig:
-    return ModelConfig(args.model, args.device, args.dtype, args.trust_remote_code, args.quantization,
-                       few_query_attention=not args.no_few_query_attention,
-                       pack_weights=not args.no_pack_weights)  # fmt: skip
+def worker_config(role: str, args: argparse.Namespace) -> WorkerServiceConfig:
+    """What worker_parser(role) parsed; raises ValueError naming a bad setting."""
+    from specserve.config import WorkerServiceConfig
+
+    model = build_from_flags(ModelConfig, args, **dataclasses.asdict(ModelConfig.for_role(role, args.name)))
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_ca:
+        mutual = args.tls_ca is not None
+        tls = TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual, (ORCHESTRATOR_NAME,) if mutual else ())
+    return build_from_flags(WorkerServiceConfig, args, model=model, tls=tls)  # type: ignore[no-any-return]
 
 
 def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: list[str] | None = None) -> int:
@@ -528,32 +516,16 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     args = worker_parser(role).parse_args(argv)
     _configure_logging(verbose=True, log_format=args.log_format)
     try:
-        model = worker_model(args)
-        tls = None
-        if args.tls_cert or args.tls_key or args.tls_ca:
-            mutual = args.tls_ca is not None
-            peers = (ORCHESTRATOR_NAME,) if mutual else ()
-            tls = TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual, peers)
-        slots: dict[str, int] = {}
-        if role == "draft":
-            slots = {"draft_slots": args.draft_slots, "draft_slot_tokens": args.draft_slot_tokens}
-        from specserve.config import WorkerServiceConfig
-
-        config = WorkerServiceConfig(
-            model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size, tls,
-            prefill_chunk_tokens=args.prefill_chunk_tokens, **slots,
-        )  # fmt: skip
-        if args.cpu_threads is not None and args.cpu_threads < 1:
-            raise ValueError(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
+        config = worker_config(role, args)
     except ValueError as error:
         print(f"{role}_service: error: {error}", file=sys.stderr)
         return 2
-    if args.cpu_threads is not None or "OMP_NUM_THREADS" not in os.environ:  # else torch already follows it
+    if config.cpu_threads is not None or "OMP_NUM_THREADS" not in os.environ:  # else torch already follows it
         import torch
 
         from specserve.models.loading import cpu_threads
 
-        torch.set_num_threads(cpu_threads(role, args.cpu_threads))
+        torch.set_num_threads(cpu_threads(role, config.cpu_threads))
     asyncio.run(_serve_until_signalled(serve, config))
     return 0
 

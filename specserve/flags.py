@@ -20,7 +20,7 @@ FLAG_METADATA = "flag"
 NO_FLAG: dict[str, None] = {FLAG_METADATA: None}
 """Field metadata for a setting the command line must not carry (a secret; a structure)."""
 SCALARS: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str}
-SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)(?<!\bvs)\.(?=\s|$)")
+SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)(?<!\bvs)(?<!\.\.)\.(?=\s|$)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,15 +68,16 @@ def add_config_flags(
         spec: FlagSpec = field.metadata.get(FLAG_METADATA) or FlagSpec()
         option_strings = _option_strings(spec, name, prefix)
         default = getattr(defaults, name) if defaults is not None else _class_default(field)
-        text = _help(spec.help or field_docs(cls).get(name, ""), default)
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        text = _help(spec.help or field_docs(cls).get(name, ""), None if required else default)
         dest = prefix.replace("-", "_") + name
         if kind is bool:
             parser.add_argument(*option_strings, dest=dest, action=argparse.BooleanOptionalAction, help=text)
         else:
             nargs = "+" if str(field.type).startswith("tuple[") else None
-            metavar = spec.metavar or _metavar(name, kind)
+            metavar = None if spec.choices else spec.metavar or _metavar(name, kind)
             parser.add_argument(*option_strings, dest=dest, type=kind, nargs=nargs, choices=spec.choices,
-                                metavar=None if spec.choices else metavar, help=text)  # fmt: skip
+                                metavar=metavar, required=required, help=text)  # fmt: skip
         added.append(name)
     return added
 
@@ -92,12 +93,30 @@ def given_values(args: argparse.Namespace, names: Iterable[str], prefix: str = "
 
 
 def build_from_flags(cls: type, args: argparse.Namespace, names: Iterable[str] | None = None, prefix: str = "",
-                     **fixed: Any) -> Any:  # fmt: skip
-    """`cls(**fixed, **given)`: the flags of `names` (default: every field with a flag) that were given, the
-    class's defaults for the rest. Raises what the class's validation raises (ValueError)."""
+                     **base: Any) -> Any:  # fmt: skip
+    """`cls(**base | given)`: the flags of `names` (default: every field with a flag) that were given, over
+    `base`, over the class's defaults. Raises what the class's validation raises (ValueError)."""
     if names is None:
         names = [f.name for f in dataclasses.fields(cls) if _has_flag(f)]
-    return cls(**fixed, **given_values(args, names, prefix))
+    return cls(**base | given_values(args, names, prefix))
+
+
+def flags_for(config: object, names: Iterable[str] | None = None) -> list[str]:
+    """The command line that add_config_flags' parser reads back as `config` (the fields of `names`, default
+    every field with a flag): what a launcher writes for a process it starts."""
+    fields = {f.name: f for f in dataclasses.fields(config)}  # type: ignore[arg-type]
+    argv: list[str] = []
+    for name in names if names is not None else [n for n, f in fields.items() if _has_flag(f)]:
+        value = getattr(config, name)
+        spec: FlagSpec = fields[name].metadata.get(FLAG_METADATA) or FlagSpec()
+        option = next(o for o in _option_strings(spec, name, "") if o.startswith("--"))
+        if isinstance(value, bool):
+            argv.append(option if value else "--no-" + option.removeprefix("--"))
+        elif isinstance(value, tuple):
+            argv += [option, *map(str, value)]
+        elif value is not None:
+            argv += [option, str(value)]
+    return argv
 
 
 @functools.cache
