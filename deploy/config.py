@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from draft_service.names import parse_draft_name
 from orchestrator.config import OrchestratorConfig
 from specserve.config import WorkerServiceConfig
+from specserve.flags import flag
 from specserve.models.config import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.security import TLSConfig, read_api_key
@@ -98,7 +97,7 @@ class RoleConfig:
 
 @dataclass(frozen=True, slots=True)
 class RayConfig:
-    address: str | None = None
+    address: str | None = field(default=None, metadata=flag(metavar="RAY_ADDRESS"))
     """None starts a local Ray instance on this machine (on loopback); `auto` joins the cluster this node
     belongs to; `ray://HOST:10001` connects through Ray Client."""
     namespace: str = "specserve"
@@ -112,11 +111,11 @@ class RayConfig:
 class SecurityConfig:
     """TLS and authentication of the whole deployment, in one place."""
 
-    tls_dir: str | None = None
+    tls_dir: str | None = field(default=None, metadata=flag(metavar="DIR"))
     """A folder laid out as `specserve certs` writes it (ca.pem, worker.pem, worker-key.pem, orchestrator.pem,
     orchestrator-key.pem), at this path on every node: TLS on every hop; mutual TLS between the
     orchestrator and the workers, which answer no one else. None: plaintext."""
-    api_key_file: str | None = None
+    api_key_file: str | None = field(default=None, metadata=flag(metavar="FILE"))
     """A file holding the public API's bearer token; SPECSERVE_API_KEY, when set, is used instead. Neither:
     the public API asks for no token."""
 
@@ -167,6 +166,8 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
 def read_file(path: Path) -> dict[str, Any]:
     text = path.read_text()
     if path.suffix in (".yaml", ".yml"):
+        import yaml  # here: `specserve --help` builds its flags from this module and should not pay for it
+
         data = yaml.safe_load(text) or {}
     elif path.suffix == ".toml":
         data = tomllib.loads(text)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from specserve.bench.command import add_bench_arguments
-from specserve.flags import add_config_flags, build_from_flags
+from specserve.flags import add_config_flags, build_from_flags, given_values
 from specserve.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 from specserve.models.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
@@ -169,97 +169,74 @@ def _print_result(args: argparse.Namespace, text: str, token_ids: list[int], fin
     )
 
 
+ROLE_MODEL_FLAGS = ("dtype", "device", "quantization")
+"""ModelConfig fields `serve` sets per role (--target-dtype, --draft-dtype, ...)."""
+ROLE_FLAGS = ("replicas", "num_gpus", "num_cpus")
+"""RoleConfig fields `serve` sets per role (--target-replicas, ...); the rest only a config file sets."""
+SPECULATION_FLAGS = ("num_speculative_tokens", "max_adaptive_k", "adaptive")
+ORCHESTRATOR_FLAGS = ("host", "port", "http_port", "pipelined", "draft_confidence_threshold", "max_concurrent_requests",
+                      "max_queued_requests", "queue_timeout_s", "draft_timeout_s", "shutdown_grace_s")  # fmt: skip
+"""OrchestratorConfig fields `serve` sets; the rest only a config file (or `python -m orchestrator`) sets."""
+
+
 def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
-    """Everything a deploy config file holds; a flag given overrides the file (deploy/config.py)."""
+    """Flags for the deploy config's most used settings, each derived from its field; a flag given overrides
+    the --config file, which overrides the dataclasses' defaults (deploy/config.py)."""
+    from deploy.config import RayConfig, RoleConfig, SecurityConfig
+    from orchestrator.config import OrchestratorConfig
+
     parser.add_argument("--config", metavar="FILE", help="deployment config, YAML or TOML (see deploy/configs/)")
-    parser.add_argument(
-        "--address", dest="ray_address", metavar="RAY_ADDRESS",
-        help="Ray cluster to join: auto, HOST:6379 or ray://HOST:10001 (default: start one on this machine)",
-    )  # fmt: skip
+    add_config_flags(parser, RayConfig, only=["address"])
     g = parser.add_argument_group("models (default: the qwen2.5-coder 1.5b target, 0.5b draft)")
     g.add_argument("--target", "--model", help="target: preset, HF model id or directory")
     g.add_argument("--draft", "--speculative-model", help="draft: preset, HF model id or directory; 'none' serves "
                    "target-only; 'ngram': prompt lookup, no model; 'MODEL+ngram': the hybrid of both")  # fmt: skip
+    add_config_flags(g, ModelConfig, only=["trust_remote_code"])
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
-        g.add_argument(f"--{role}-device", help=DEVICE_HELP)
-        g.add_argument(f"--{role}-quantization", choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
-    g.add_argument("--trust-remote-code", action="store_true", default=None, help="run modelling code from HF models")
-    g = parser.add_argument_group("replicas and placement (per replica)")
-    for role in ("target", "draft"):
-        g.add_argument(f"--{role}-replicas", type=int, help="replicas at start (default 1)")
-        g.add_argument(f"--{role}-num-gpus", type=float, help="GPUs per replica; < 1 shares one (default 0)")
-        g.add_argument(f"--{role}-num-cpus", type=float, help="CPUs per replica, as Ray counts them (default 1)")
-    from orchestrator.config import OrchestratorConfig
-
+        g = parser.add_argument_group(f"{role} replicas (each)")
+        add_config_flags(g, ModelConfig, only=ROLE_MODEL_FLAGS, prefix=f"{role}-",
+                         defaults=ModelConfig.for_role(role, "NAME"))  # fmt: skip
+        add_config_flags(g, RoleConfig, only=ROLE_FLAGS, prefix=f"{role}-")
     defaults = OrchestratorConfig()
     k, max_k = defaults.num_speculative_tokens, defaults.max_adaptive_k
     g = parser.add_argument_group("speculation (a request that sets k gets that k)",
                                   f"Default: requests that do not set k get adaptive k, 0..{max_k} drafts per round as "
-                                  f"acceptance and costs say; seeded samples keep a fixed {k}.")  # fmt: skip
-    g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="fixed k: K drafts per round for "
-                   "requests that do not set k (adaptive off unless --adaptive is given); 0 = target-only")  # fmt: skip
-    g.add_argument("--max-speculative-tokens", type=int, metavar="K", help=f"adaptive k's bound (default {max_k})")
-    g.add_argument("--adaptive", action=argparse.BooleanOptionalAction, help="adaptive k for requests that do not "
-                   f"set k (default: on, unless -k is given); --no-adaptive: the fixed k (default {k})")  # fmt: skip
+                                  f"acceptance and costs say; seeded samples keep a fixed {k}. A k given here is "
+                                  "fixed: adaptive off unless --adaptive is given too.")  # fmt: skip
+    add_config_flags(g, OrchestratorConfig, only=SPECULATION_FLAGS)
     g = parser.add_argument_group("orchestrator")
-    g.add_argument("--host", help="interface of the public API (default 127.0.0.1; 0.0.0.0 opens it)")
-    g.add_argument("--port", type=int, help="public API port (default 50051)")
-    g.add_argument("--no-pipeline", action="store_true", default=None, help="do not pre-draft during verification")
-    g.add_argument("--http-port", type=int, help="OpenAI-compatible HTTP API and /metrics (default 8000; 0: any free)")
-    g.add_argument("--no-http", action="store_true", help="serve the gRPC API only")
-    g.add_argument("--draft-confidence-threshold", type=float, help="the draft ends a window after a token it gave "
-                   "less than this probability (default 0: never)")  # fmt: skip
+    add_config_flags(g, OrchestratorConfig, only=ORCHESTRATOR_FLAGS)
+    g.add_argument("--no-http", action="store_true", help="serve the gRPC API only (no --http-port)")
     g = parser.add_argument_group("security (default: plaintext, no key; keep such a stack on loopback)")
-    g.add_argument("--tls-dir", metavar="DIR", help="certificates from `specserve certs`: TLS on every hop, mutual "
-                   "TLS to the workers (the same path on every node)")  # fmt: skip
-    g.add_argument("--api-key-file", metavar="FILE", help=f"bearer token the public API requires (or ${API_KEY_ENV})")
-    g.add_argument("--max-concurrent-requests", type=int, help="requests decoding at once (default 128)")
-    g.add_argument("--max-queued-requests", type=int, help="requests waiting beyond those (default 512); "
-                   "more are refused RESOURCE_EXHAUSTED with a retry hint")  # fmt: skip
-    g.add_argument("--queue-timeout-s", type=float, help="how long a queued request waits (default 30)")
-    g.add_argument("--draft-timeout-s", type=float, help="a slower proposal is skipped: target-only round (default 5)")
-    g.add_argument("--shutdown-grace-s", type=float, help="on SIGTERM, time in-flight requests get (default 30)")
+    add_config_flags(g, SecurityConfig)
 
 
 def _deploy_config(args: argparse.Namespace, **overrides: object) -> DeployConfig:
     from deploy.config import load_config
 
-    flags: dict[str, object] = {"ray.address": args.ray_address}
+    flags: dict[str, object] = {"ray.address": args.address}
     for role in ("target", "draft"):
         name = getattr(args, role)
         if role == "draft" and name is not None and name.lower() == "none":
             continue
         flags |= {f"{role}.model.name": name, f"{role}.model.trust_remote_code": args.trust_remote_code}
-        for field in ("dtype", "device", "quantization"):
-            flags[f"{role}.model.{field}"] = getattr(args, f"{role}_{field}")
-        for field in ("replicas", "num_gpus", "num_cpus"):
-            flags[f"{role}.{field}"] = getattr(args, f"{role}_{field}")
-    adaptive = args.adaptive
-    if adaptive is None and args.num_speculative_tokens is not None:
-        adaptive = False  # a k given is the k requests get (vLLM's --num-speculative-tokens)
-    flags |= {
-        "orchestrator.num_speculative_tokens": args.num_speculative_tokens,
-        "orchestrator.adaptive": adaptive,
-        "orchestrator.max_adaptive_k": args.max_speculative_tokens,
-        "orchestrator.host": args.host,
-        "orchestrator.port": args.port,
-        "orchestrator.pipelined": False if args.no_pipeline else None,
-        "orchestrator.draft_confidence_threshold": args.draft_confidence_threshold,
-        "security.tls_dir": args.tls_dir,
-        "security.api_key_file": args.api_key_file,
-    }
-    for name in ("max_concurrent_requests", "max_queued_requests", "queue_timeout_s", "draft_timeout_s",
-                 "shutdown_grace_s"):  # fmt: skip
-        flags[f"orchestrator.{name}"] = getattr(args, name)
-    flags["orchestrator.http_port"] = args.http_port
-    flags |= {f"orchestrator.{name}": value for name, value in overrides.items()}
+        flags |= _dotted(f"{role}.model", given_values(args, ROLE_MODEL_FLAGS, prefix=f"{role}-"))
+        flags |= _dotted(role, given_values(args, ROLE_FLAGS, prefix=f"{role}-"))
+    orchestrator = given_values(args, SPECULATION_FLAGS + ORCHESTRATOR_FLAGS)
+    if "num_speculative_tokens" in orchestrator:  # a k given is the k requests get (vLLM's --num-speculative-tokens)
+        orchestrator.setdefault("adaptive", False)
+    flags |= _dotted("orchestrator", orchestrator | overrides)
+    flags |= _dotted("security", given_values(args, ("tls_dir", "api_key_file")))
     if args.draft is not None and args.draft.lower() == "none":
         flags["draft"] = "none"  # last: it drops the draft section whatever the file said
     config = load_config(args.config, flags)
     if args.no_http:  # None in the flags means "not given", so switching it off goes here
         config = dataclasses.replace(config, orchestrator=dataclasses.replace(config.orchestrator, http_port=None))
     return config
+
+
+def _dotted(section: str, values: dict[str, object]) -> dict[str, object]:
+    return {f"{section}.{name}": value for name, value in values.items()}
 
 
 def _preflight(config: DeployConfig) -> None:

@@ -88,3 +88,16 @@ def test_replica_lines_count_sessions(capsys: pytest.CaptureFixture[str]) -> Non
     _print_replicas(pb.ReplicaSet(replicas=replicas, desired_target_replicas=2))
     out = capsys.readouterr().out
     assert " 1 session\n" in out and " 2 sessions\n" in out
+
+
+def test_each_serve_flag_lands_on_its_field() -> None:
+    config = serve_config("--address", "auto", "--target-num-gpus", "1", "--draft-replicas", "2", "--draft-dtype",
+                          "float32", "--trust-remote-code", "--no-pipeline", "--draft-timeout-s", "2", "--http-port",
+                          "0", "--tls-dir", "certs", "--api-key-file", "key")  # fmt: skip
+    assert config.ray.address == "auto" and config.target.num_gpus == 1
+    assert config.draft is not None and config.draft.replicas == 2 and config.draft.model.dtype == "float32"
+    assert config.target.model.trust_remote_code and config.draft.model.trust_remote_code
+    assert (config.orchestrator.pipelined, config.orchestrator.draft_timeout_s, config.orchestrator.http_port) == (
+        False, 2.0, 0)  # fmt: skip
+    assert (config.security.tls_dir, config.security.api_key_file) == ("certs", "key")
+    assert serve_config() == DeployConfig()  # no flag given: the dataclasses' defaults, nothing else
