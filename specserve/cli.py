@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -20,10 +21,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from specserve.bench.command import add_bench_arguments
+from specserve.bench.command import add_bench_commands
 from specserve.flags import add_config_flags, build_from_flags, given_values
 from specserve.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
-from specserve.models.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig
+from specserve.models.config import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from specserve.preflight import check_model_name, check_port_free
 from specserve.security import API_KEY_ENV, ORCHESTRATOR_NAME, TLSConfig
@@ -35,25 +36,32 @@ if TYPE_CHECKING:
     from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
 
 LOG_FORMAT_HELP = f"text, or one JSON object per line (default: ${LOG_FORMAT_ENV}, else text)"
-DTYPE_HELP = "auto: bfloat16 on GPUs and CPUs that compute it, else float32 (tiny models: float32)"
-DEVICE_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:N"
-QUANTIZATION_HELP = "CPU only: int8 / int4 weights; auto: int4 on AVX-512, else int8 for a draft, none on GPUs"
 DEMO_PROMPT = 'def quicksort(items: list[int]) -> list[int]:\n    """Sort items with quicksort."""\n'
+ROLE_MODEL_FLAGS = ("dtype", "device", "quantization")
+"""ModelConfig fields set per role on the command line (--target-dtype, --draft-dtype, ...)."""
+ROLE_FLAGS = ("replicas", "num_gpus", "num_cpus")
+"""RoleConfig fields `serve` sets per role (--target-replicas, ...); the rest only a config file sets."""
+SPECULATION_FLAGS = ("num_speculative_tokens", "max_adaptive_k", "adaptive")
+ORCHESTRATOR_FLAGS = ("host", "port", "http_port", "pipelined", "draft_confidence_threshold", "max_concurrent_requests",
+                      "max_queued_requests", "queue_timeout_s", "draft_timeout_s", "shutdown_grace_s")  # fmt: skip
+"""OrchestratorConfig fields `serve` sets; the rest only a config file (or `python -m orchestrator`) sets."""
 
 
-def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+def _add_model_flags(parser: argparse.ArgumentParser, k: bool = True) -> None:
+    """The target and draft of an in-process engine (and of `bench load | rate`'s served stack): names, then
+    ModelConfig's dtype, device and quantization per role; with `k`, the engine's k."""
     g = parser.add_argument_group("models")
     g.add_argument("--target", "--model", default=DEFAULT_TARGET, help="target: preset, HF model id or directory")
     g.add_argument("--draft", "--speculative-model", default=DEFAULT_DRAFT,
                    help="draft: preset, HF model id or directory; 'none' for none; 'ngram': prompt "
                    "lookup, no model; 'MODEL+ngram': the hybrid of both")  # fmt: skip
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
-        g.add_argument(f"--{role}-device", default="auto", help=DEVICE_HELP)
-    g.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
-    g.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with HF models")
-    g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="drafts per round; 0 = target-only "
-                   "(default: in process 4; with --address, the server's k, adaptive by default)")  # fmt: skip
+        add_config_flags(g, ModelConfig, only=ROLE_MODEL_FLAGS, prefix=f"{role}-",
+                         defaults=ModelConfig.for_role(role, "NAME"))  # fmt: skip
+    add_config_flags(g, ModelConfig, only=["trust_remote_code"])
+    if k:
+        g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="drafts per round; 0 = target-"
+                       "only (default: in process 4; with --address, the server's k, adaptive by default)")  # fmt: skip
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -62,14 +70,15 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     for name in (args.target, args.draft):
         if name.lower() != "none":
             check_model_name(name)  # before anything loads: a typo is one line, not a hub timeout
-    target = ModelConfig(args.target, args.target_device, args.target_dtype, args.trust_remote_code)
-    draft = None
-    if args.draft.lower() != "none":
-        draft = ModelConfig(
-            args.draft, args.draft_device, args.draft_dtype, args.trust_remote_code, args.draft_quantization
-        )
-    k = 4 if args.num_speculative_tokens is None else args.num_speculative_tokens
-    return EngineConfig(target, draft, k if draft else 0)
+    target = _role_model(args, "target", args.target)
+    draft = None if args.draft.lower() == "none" else _role_model(args, "draft", args.draft)
+    k = 0 if draft is None else getattr(args, "num_speculative_tokens", None)  # None: EngineConfig's default
+    return EngineConfig(target, draft, **({} if k is None else {"num_speculative_tokens": k}))
+
+
+def _role_model(args: argparse.Namespace, role: str, name: str) -> ModelConfig:
+    base = dataclasses.asdict(ModelConfig.for_role(role, name)) | {"trust_remote_code": bool(args.trust_remote_code)}
+    return build_from_flags(ModelConfig, args, ROLE_MODEL_FLAGS, prefix=f"{role}-", **base)  # type: ignore[no-any-return]
 
 
 def _add_request_flags(parser: argparse.ArgumentParser) -> None:
@@ -167,16 +176,6 @@ def _print_result(args: argparse.Namespace, text: str, token_ids: list[int], fin
         f"waiting on the draft {stats['draft_ms'] / 1000:.2f}s, on the target {stats['target_ms'] / 1000:.2f}s",
         file=sys.stderr,
     )
-
-
-ROLE_MODEL_FLAGS = ("dtype", "device", "quantization")
-"""ModelConfig fields `serve` sets per role (--target-dtype, --draft-dtype, ...)."""
-ROLE_FLAGS = ("replicas", "num_gpus", "num_cpus")
-"""RoleConfig fields `serve` sets per role (--target-replicas, ...); the rest only a config file sets."""
-SPECULATION_FLAGS = ("num_speculative_tokens", "max_adaptive_k", "adaptive")
-ORCHESTRATOR_FLAGS = ("host", "port", "http_port", "pipelined", "draft_confidence_threshold", "max_concurrent_requests",
-                      "max_queued_requests", "queue_timeout_s", "draft_timeout_s", "shutdown_grace_s")  # fmt: skip
-"""OrchestratorConfig fields `serve` sets; the rest only a config file (or `python -m orchestrator`) sets."""
 
 
 def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
@@ -438,9 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--wait", action="store_true", help="return once every wanted replica serves")
     scale.add_argument("--timeout", type=float, default=900.0, help="seconds for the call (and --wait)")
 
-    bench = sub.add_parser("bench", help="HumanEval throughput: target-only vs speculative vs HF assisted")
-    _add_model_flags(bench)
-    add_bench_arguments(bench)
+    bench = sub.add_parser("bench", help="throughput: target-only vs speculative vs HF assisted (latency), the "
+                           "served stack under load (load, rate)")  # fmt: skip
+    add_bench_commands(bench, functools.partial(_add_model_flags, k=False))
 
     certs = sub.add_parser("certs", help="make a local CA and TLS certificates (for tests, docs, small deployments)")
     certs.add_argument("--out", required=True, metavar="DIR", help="folder to write (serve --tls-dir DIR reads it)")
@@ -555,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwinds like Ctrl-C: its workers stop too
             from specserve.bench.command import cmd_bench
 
-            return cmd_bench(args, _engine_config(args))
+            return cmd_bench(args, _engine_config)
         if args.command == "certs":
             return cmd_certs(args)
         return cmd_models(args)

@@ -49,11 +49,13 @@ def add_config_flags(
     skip: Iterable[str] = (),
     prefix: str = "",
     defaults: object = None,
+    required: Iterable[str] = (),
 ) -> list[str]:
     """Add one flag per field of `cls` (those in `only`, in that order, else every field the command line can
     hold, less `skip`); returns the field names. `prefix` (e.g. "target-") goes before each derived flag name
     and, as "target_", before each dest. `defaults` (an instance) shows other defaults than the class's in
-    the help. Raises TypeError where `only` names a field whose type no flag parses."""
+    the help. `required`: fields this command cannot do without (beside those with no default). Raises
+    TypeError where `only` names a field whose type no flag parses."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     names = list(only) if only is not None else [n for n, f in fields.items() if _has_flag(f)]
     added = []
@@ -67,16 +69,19 @@ def add_config_flags(
         spec: FlagSpec = field.metadata.get(FLAG_METADATA) or FlagSpec()
         option_strings = _option_strings(spec, name, prefix)
         default = getattr(defaults, name) if defaults is not None else _class_default(field)
-        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        text = _help(spec.help or field_docs(cls).get(name, ""), None if required else default)
+        no_default = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        needed = no_default or name in required
+        text = _help(spec.help or field_docs(cls).get(name, ""), None if needed else default)
+        if spec.choices and spec.metavar:  # the metavar keeps the usage short: the choices go here
+            text += " Choices: " + ", ".join(map(repr, spec.choices)) + "."
         dest = prefix.replace("-", "_") + name
         if kind is bool:
             parser.add_argument(*option_strings, dest=dest, action=argparse.BooleanOptionalAction, help=text)
         else:
             nargs = "+" if str(field.type).startswith("tuple[") else None
-            metavar = None if spec.choices else spec.metavar or _metavar(name, kind)
+            metavar = spec.metavar or (None if spec.choices else _metavar(name, kind))
             parser.add_argument(*option_strings, dest=dest, type=kind, nargs=nargs, choices=spec.choices,
-                                metavar=metavar, required=required, help=text)  # fmt: skip
+                                metavar=metavar, required=needed, help=text)  # fmt: skip
         added.append(name)
     return added
 
@@ -158,7 +163,7 @@ def first_sentence(text: str) -> str:
 
 def _help(doc: str, default: object) -> str:
     text = first_sentence(doc)
-    if default is not None:
+    if default is not None and default != ():
         shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
         shown = ("on" if default else "off") if isinstance(default, bool) else shown
         text = f"{text} (default: {shown})" if text else f"default: {shown}"
