@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 LOG_FORMAT_HELP = f"text, or one JSON object per line (default: ${LOG_FORMAT_ENV}, else text)"
 DEMO_PROMPT = 'def quicksort(items: list[int]) -> list[int]:\n    """Sort items with quicksort."""\n'
+REQUEST_FLAGS = ("max_tokens", "stop", "ignore_eos")
+"""GenerationRequest fields `generate` and `demo` take as flags (the sampling ones come from SamplingParams)."""
 ROLE_MODEL_FLAGS = ("dtype", "device", "quantization")
 """ModelConfig fields set per role on the command line (--target-dtype, --draft-dtype, ...)."""
 ROLE_FLAGS = ("replicas", "num_gpus", "num_cpus")
@@ -82,34 +84,28 @@ def _role_model(args: argparse.Namespace, role: str, name: str) -> ModelConfig:
 
 
 def _add_request_flags(parser: argparse.ArgumentParser) -> None:
+    from specserve.config import GenerationRequest
+    from specserve.core.types import SamplingParams
+
     g = parser.add_argument_group("request")
-    g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1: off)")
-    g.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (default 0: off)")
-    g.add_argument("--seed", type=int, default=None, help="seeded sampling reproduces its output")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_config_flags(g, GenerationRequest, only=REQUEST_FLAGS)
+    add_config_flags(g, SamplingParams)
     g.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids, stats")
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
-    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens (exactly "
-                   "--max-tokens, as benchmarks want)")  # fmt: skip
 
 
 def _request(args: argparse.Namespace, prompt: str) -> GenerationRequest:
     from specserve.config import GenerationRequest
     from specserve.core.types import SamplingParams
 
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-    return GenerationRequest(
+    return build_from_flags(  # type: ignore[no-any-return]
+        GenerationRequest, args, REQUEST_FLAGS,
         prompt=None if args.chat else prompt,
         messages=(("user", prompt),) if args.chat else None,
-        max_tokens=args.max_tokens,
-        sampling=sampling,
-        stop=tuple(args.stop),
+        sampling=build_from_flags(SamplingParams, args),
         num_speculative_tokens=args.num_speculative_tokens,
-        ignore_eos=args.ignore_eos,
-    )
+    )  # fmt: skip
 
 
 def cmd_generate(args: argparse.Namespace, prompt: str | None = None) -> int:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from specserve.core.loop import StopConditions
 from specserve.core.types import SamplingParams
-from specserve.flags import NO_FLAG
+from specserve.flags import NO_FLAG, flag
 from specserve.models.config import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.security import TLSConfig
@@ -34,15 +34,17 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    prompt: str | None = None
+    prompt: str | None = field(default=None, metadata=NO_FLAG)
     """Raw text, tokenized as the model's tokenizer does by default (no chat template)."""
     messages: tuple[tuple[str, str], ...] | None = None
     """(role, content) pairs, rendered with the model's chat template. Exactly one of prompt/messages."""
     prompt_token_ids: tuple[int, ...] | None = None
     """Already-tokenized prompt (used by benchmarks and the services)."""
     max_tokens: int = 128
+    """Tokens to generate at most."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()
+    stop: tuple[str, ...] = field(default=(), metadata=flag(one_per_flag=True))
+    """Stop strings: generation ends before the first occurrence of any (`--stop` once per string)."""
     num_speculative_tokens: int | None = None
     """Overrides the engine's k for this request; 0 = target-only."""
     ignore_eos: bool = False

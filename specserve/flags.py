@@ -33,12 +33,15 @@ class FlagSpec:
     """Instead of the docstring's first sentence."""
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    one_per_flag: bool = False
+    """A tuple field: one value per flag, the flag repeated for more (`--stop a --stop b`), so that a value
+    a positional argument may follow."""
 
 
-def flag(*names: str, help: str | None = None, choices: Sequence[str] | None = None,
-         metavar: str | None = None) -> dict[str, FlagSpec]:  # fmt: skip
+def flag(*names: str, help: str | None = None, choices: Sequence[str] | None = None, metavar: str | None = None,
+         one_per_flag: bool = False) -> dict[str, FlagSpec]:  # fmt: skip
     """Field metadata for a flag that departs from the field's name, docstring or type."""
-    return {FLAG_METADATA: FlagSpec(tuple(names), help, tuple(choices) if choices else None, metavar)}
+    return {FLAG_METADATA: FlagSpec(tuple(names), help, tuple(choices) if choices else None, metavar, one_per_flag)}
 
 
 def add_config_flags(
@@ -78,10 +81,12 @@ def add_config_flags(
         if kind is bool:
             parser.add_argument(*option_strings, dest=dest, action=argparse.BooleanOptionalAction, help=text)
         else:
-            nargs = "+" if str(field.type).startswith("tuple[") else None
+            # a tuple takes values after its flag and more after the flag again: --stop a b --stop c
+            many = {"nargs": "+", "action": "extend"} if str(field.type).startswith("tuple[") else {}
+            many = {"action": "append"} if spec.one_per_flag else many
             metavar = spec.metavar or (None if spec.choices else _metavar(name, kind))
-            parser.add_argument(*option_strings, dest=dest, type=kind, nargs=nargs, choices=spec.choices,
-                                metavar=metavar, required=needed, help=text)  # fmt: skip
+            parser.add_argument(*option_strings, dest=dest, type=kind, choices=spec.choices, metavar=metavar,
+                                required=needed, help=text, **many)  # type: ignore[arg-type]  # fmt: skip
         added.append(name)
     return added
 
@@ -107,7 +112,8 @@ def build_from_flags(cls: type, args: argparse.Namespace, names: Iterable[str] |
 
 def flags_for(config: object, names: Iterable[str] | None = None) -> list[str]:
     """The command line that add_config_flags' parser reads back as `config` (the fields of `names`, default
-    every field with a flag): what a launcher writes for a process it starts."""
+    every field with a flag): what a launcher writes for a process it starts. Raises ValueError for an empty
+    tuple where the field's default is not empty (a flag takes at least one value)."""
     fields = {f.name: f for f in dataclasses.fields(config)}  # type: ignore[arg-type]
     argv: list[str] = []
     for name in names if names is not None else [n for n, f in fields.items() if _has_flag(f)]:
@@ -116,6 +122,11 @@ def flags_for(config: object, names: Iterable[str] | None = None) -> list[str]:
         option = next(o for o in _option_strings(spec, name, "") if o.startswith("--"))
         if isinstance(value, bool):
             argv.append(option if value else "--no-" + option.removeprefix("--"))
+        elif isinstance(value, tuple) and not value:
+            if _class_default(fields[name]) != ():
+                raise ValueError(f"{name}: no command line says () where the default is not empty")
+        elif isinstance(value, tuple) and spec.one_per_flag:
+            argv += [part for item in value for part in (option, str(item))]
         elif isinstance(value, tuple):
             argv += [option, *map(str, value)]
         elif value is not None:

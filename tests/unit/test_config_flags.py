@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from orchestrator.config import OrchestratorConfig
-from specserve.flags import NO_FLAG, add_config_flags, build_from_flags, field_docs, first_sentence, flag
+from specserve.flags import NO_FLAG, add_config_flags, build_from_flags, field_docs, first_sentence, flag, flags_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,7 @@ class Example:
     kind: str = field(default="x", metadata=flag("--sort", choices=("x", "y")))
     secret: str | None = field(default=None, metadata=NO_FLAG)
     mapping: dict[str, int] = field(default_factory=dict)
+    stop: tuple[str, ...] = field(default=(), metadata=flag(one_per_flag=True))
 
 
 def parser_for(cls: type, **options: object) -> tuple[argparse.ArgumentParser, list[str]]:
@@ -34,7 +35,7 @@ def parser_for(cls: type, **options: object) -> tuple[argparse.ArgumentParser, l
 
 def test_one_flag_per_field_a_command_line_can_hold() -> None:
     parser, names = parser_for(Example)
-    assert names == ["count", "ratio", "names", "enabled", "kind"]  # no secret, no mapping
+    assert names == ["count", "ratio", "names", "enabled", "kind", "stop"]  # no secret, no mapping
     helps = {a.dest: a.help for a in parser._actions}
     assert helps["count"] == "How many. (default: 3)"
     assert helps["ratio"] == "A share of 100%%, e.g. 0.5."  # argparse formats %: escaped
@@ -48,6 +49,8 @@ def test_values_parse_by_type_and_only_the_given_ones_reach_the_config() -> None
     assert build_from_flags(Example, parser.parse_args([])) == Example()
     args = parser.parse_args(["--count", "5", "--ratio", "0.5", "--names", "c", "d", "--no-enabled", "--sort", "y"])
     assert build_from_flags(Example, args) == Example(5, 0.5, ("c", "d"), False, "y")
+    args = parser.parse_args(["--names", "c", "d", "--names", "e", "--stop", "x", "--stop", "y"])  # more values
+    assert build_from_flags(Example, args) == Example(names=("c", "d", "e"), stop=("x", "y"))
     with pytest.raises(SystemExit):
         parser.parse_args(["--sort", "z"])
     with pytest.raises(SystemExit):
@@ -77,3 +80,11 @@ def test_every_orchestrator_setting_is_a_flag_except_the_secured_ones() -> None:
     secured = {"tls", "worker_tls", "api_key"}
     assert set(names) == {f.name for f in dataclasses.fields(OrchestratorConfig)} - secured
     assert set(field_docs(OrchestratorConfig)) >= set(names)  # each documented where it is declared
+
+
+def test_a_launcher_writes_the_command_line_the_parser_reads_back() -> None:
+    parser, _ = parser_for(Example)
+    for config in (Example(), Example(7, 0.25, ("z",), False, "y", stop=("a", "b"))):
+        assert build_from_flags(Example, parser.parse_args(flags_for(config))) == config
+    with pytest.raises(ValueError, match="names: no command line says"):
+        flags_for(Example(names=()))
