@@ -49,7 +49,7 @@ ORCHESTRATOR_FLAGS = ("host", "port", "http_port", "pipelined", "draft_confidenc
 """OrchestratorConfig fields `serve` sets; the rest only a config file (or `python -m orchestrator`) sets."""
 
 
-def _add_model_flags(parser: argparse.ArgumentParser, k: bool = True) -> None:
+def add_model_flags(parser: argparse.ArgumentParser, k: bool = True) -> None:
     """The target and draft of an in-process engine (and of `bench load | rate`'s served stack): names, then
     ModelConfig's dtype, device and quantization per role; with `k`, the engine's k."""
     g = parser.add_argument_group("models")
@@ -72,13 +72,14 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     for name in (args.target, args.draft):
         if name.lower() != "none":
             check_model_name(name)  # before anything loads: a typo is one line, not a hub timeout
-    target = _role_model(args, "target", args.target)
-    draft = None if args.draft.lower() == "none" else _role_model(args, "draft", args.draft)
+    target = role_model(args, "target", args.target)
+    draft = None if args.draft.lower() == "none" else role_model(args, "draft", args.draft)
     k = 0 if draft is None else getattr(args, "num_speculative_tokens", None)  # None: EngineConfig's default
     return EngineConfig(target, draft, **({} if k is None else {"num_speculative_tokens": k}))
 
 
-def _role_model(args: argparse.Namespace, role: str, name: str) -> ModelConfig:
+def role_model(args: argparse.Namespace, role: str, name: str) -> ModelConfig:
+    """`name` with the role's defaults and the --ROLE-dtype / -device / -quantization / --trust-remote-code given."""
     base = dataclasses.asdict(ModelConfig.for_role(role, name)) | {"trust_remote_code": bool(args.trust_remote_code)}
     return build_from_flags(ModelConfig, args, ROLE_MODEL_FLAGS, prefix=f"{role}-", **base)  # type: ignore[no-any-return]
 
@@ -414,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the prompt text ('-' reads it from stdin); with --chat, the user message")
     gen.add_argument("--address", help="a running orchestrator (HOST:PORT); without it, generate in this process")
     _add_client_security_flags(gen)
-    _add_model_flags(gen)
+    add_model_flags(gen)
     _add_request_flags(gen)
 
     serve = sub.add_parser("serve", help="serve draft and target replicas (Ray actors) and the orchestrator")
@@ -435,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="throughput: target-only vs speculative vs HF assisted (latency), the "
                            "served stack under load (load, rate)")  # fmt: skip
-    add_bench_commands(bench, functools.partial(_add_model_flags, k=False))
+    add_bench_commands(bench, functools.partial(add_model_flags, k=False))
 
     certs = sub.add_parser("certs", help="make a local CA and TLS certificates (for tests, docs, small deployments)")
     certs.add_argument("--out", required=True, metavar="DIR", help="folder to write (serve --tls-dir DIR reads it)")
