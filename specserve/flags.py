@@ -19,6 +19,7 @@ FLAG_METADATA = "flag"
 NO_FLAG: dict[str, None] = {FLAG_METADATA: None}
 """Field metadata for a setting the command line must not carry (a secret; a structure)."""
 SCALARS: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str}
+# a sentence ends at a full stop before a space, but not that of "e.g.", "i.e.", "vs." or an ellipsis
 SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)(?<!\bvs)(?<!\.\.)\.(?=\s|$)")
 
 
@@ -34,8 +35,8 @@ class FlagSpec:
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
     one_per_flag: bool = False
-    """A tuple field: one value per flag, the flag repeated for more (`--stop a --stop b`), so that a value
-    a positional argument may follow."""
+    """A tuple field: one value per flag, the flag repeated for more (`--stop a --stop b`), so that a
+    positional argument may follow it."""
 
 
 def flag(*names: str, help: str | None = None, choices: Sequence[str] | None = None, metavar: str | None = None,
@@ -61,34 +62,35 @@ def add_config_flags(
     TypeError where `only` names a field whose type no flag parses."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     names = list(only) if only is not None else [n for n, f in fields.items() if _has_flag(f)]
-    added = []
-    for name in names:
-        if name in skip:
-            continue
+    added = [name for name in names if name not in skip]
+    for name in added:
         field = fields[name]
-        kind = _parser_of(field)
-        if kind is None:
-            raise TypeError(f"{cls.__name__}.{name}: no command-line flag parses {field.type}")
-        spec: FlagSpec = field.metadata.get(FLAG_METADATA) or FlagSpec()
-        option_strings = _option_strings(spec, name, prefix)
-        default = getattr(defaults, name) if defaults is not None else _class_default(field)
         no_default = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        needed = no_default or name in required
-        text = _help(spec.help or field_docs(cls).get(name, ""), None if needed else default)
-        if spec.choices and spec.metavar:  # the metavar keeps the usage short: the choices go here
-            text += " Choices: " + ", ".join(map(repr, spec.choices)) + "."
-        dest = prefix.replace("-", "_") + name
-        if kind is bool:
-            parser.add_argument(*option_strings, dest=dest, action=argparse.BooleanOptionalAction, help=text)
-        else:
-            # a tuple takes values after its flag and more after the flag again: --stop a b --stop c
-            many = {"nargs": "+", "action": "extend"} if str(field.type).startswith("tuple[") else {}
-            many = {"action": "append"} if spec.one_per_flag else many
-            metavar = spec.metavar or (None if spec.choices else _metavar(name, kind))
-            parser.add_argument(*option_strings, dest=dest, type=kind, choices=spec.choices, metavar=metavar,
-                                required=needed, help=text, **many)  # type: ignore[arg-type]  # fmt: skip
-        added.append(name)
+        default = getattr(defaults, name) if defaults is not None else _class_default(field)
+        _add_flag(parser, cls, field, prefix, default, required=no_default or name in required)
     return added
+
+
+def _add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, field: dataclasses.Field[Any],
+              prefix: str, default: object, required: bool) -> None:  # fmt: skip
+    kind = _parser_of(field)
+    if kind is None:
+        raise TypeError(f"{cls.__name__}.{field.name}: no command-line flag parses {field.type}")
+    spec: FlagSpec = field.metadata.get(FLAG_METADATA) or FlagSpec()
+    option_strings = _option_strings(spec, field.name, prefix)
+    text = _help(spec.help or field_docs(cls).get(field.name, ""), None if required else default)
+    if spec.choices and spec.metavar:  # the metavar keeps the usage short: the choices go here
+        text += " Choices: " + ", ".join(map(repr, spec.choices)) + "."
+    dest = prefix.replace("-", "_") + field.name
+    if kind is bool:
+        parser.add_argument(*option_strings, dest=dest, action=argparse.BooleanOptionalAction, help=text)
+        return
+    # a tuple takes values after its flag, and more after the flag again: --ks 2 4 --ks 8
+    many = {"nargs": "+", "action": "extend"} if str(field.type).startswith("tuple[") else {}
+    many = {"action": "append"} if spec.one_per_flag else many
+    metavar = spec.metavar or (None if spec.choices else _metavar(field.name, kind))
+    parser.add_argument(*option_strings, dest=dest, type=kind, choices=spec.choices, metavar=metavar,
+                        required=required, help=text, **many)  # type: ignore[arg-type]  # fmt: skip
 
 
 def given_values(args: argparse.Namespace, names: Iterable[str], prefix: str = "") -> dict[str, Any]:
