@@ -24,7 +24,7 @@ lint: $(STAMP)
 
 # Runs write results/*-latest.json (git-ignored), never a committed result file (results/README.md).
 bench: $(STAMP)
-	$(VENV)/bin/specserve bench --num-prompts 10 --max-tokens 128 --json results/bench-humaneval-latest.json
+	$(VENV)/bin/specserve bench latency --num-prompts 10 --max-tokens 128 --json results/bench-humaneval-latest.json
 
 # docs/reliability.md: 32 streaming clients, 1,000 requests on the tiny models (then the same past a limit of 8)
 soak: $(STAMP)

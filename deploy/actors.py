@@ -23,10 +23,10 @@ class WorkerActor:
     """Cheap __init__ (Ray re-runs it on restart); start() launches the server and returns at once;
     status() says how far it got and where it listens; wait_loaded() returns once the model is loaded."""
 
-    def __init__(self, role: str, config: WorkerServiceConfig, cpu_threads: int | None = None) -> None:
+    def __init__(self, role: str, config: WorkerServiceConfig) -> None:
         if role not in ("draft", "target"):
             raise ValueError(f"role must be draft or target, got {role!r}")
-        self.role, self.config, self.cpu_threads = role, config, cpu_threads
+        self.role, self.config = role, config
         configure_logging(logging.INFO)  # request ids on every line; JSON when SPECSERVE_LOG_FORMAT=json
         self._lock = threading.Lock()
         self._state, self._detail = IDLE, ""
@@ -85,7 +85,7 @@ class WorkerActor:
         # interleave on every start; the log says what loads and when it is done
         transformers_logging.disable_progress_bar()
 
-        torch.set_num_threads(cpu_threads(self.role, self.cpu_threads))  # Ray caps OMP_NUM_THREADS at num_cpus
+        torch.set_num_threads(cpu_threads(self.role, self.config.cpu_threads))  # Ray caps OMP_NUM_THREADS at num_cpus
         config = replace(self.config, host=_listen_host(self.config.host))
         try:
             asyncio.run(self._serve(config))

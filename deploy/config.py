@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from draft_service.names import parse_draft_name
 from orchestrator.config import OrchestratorConfig
 from specserve.config import WorkerServiceConfig
+from specserve.flags import flag
 from specserve.models.config import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.security import TLSConfig, read_api_key
@@ -26,11 +25,17 @@ LOOKUP_NUM_CPUS = 0.25
 lists and an n-gram index per session, and asks for no GPU."""
 
 
+WORKER_KEYS_SET_AT_START = ("host", "port", "tls")
+"""WorkerServiceConfig fields a deployment sets for each replica as it starts it (not in a role's config)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RoleConfig:
-    """The replicas of one role (draft or target): what they load and what each one asks Ray for."""
+    """The replicas of one role (draft or target): the worker each one runs and what it asks Ray for. In a
+    file, a role's keys are this class's and, beside them, the worker's (model, max_sessions, ...)."""
 
-    model: ModelConfig
+    worker: WorkerServiceConfig
+    """What each replica serves: its model and its server's settings; host, port and TLS are set as it starts."""
     replicas: int = 1
     """Replicas started at launch; `specserve scale` changes the number while serving."""
     num_gpus: float = 0.0
@@ -48,25 +53,6 @@ class RoleConfig:
     """A replica whose process dies this many times in a row while loading its model (before it ever
     serves; e.g. killed by Ray's memory monitor because the node cannot hold it) is not restarted again:
     the fleet stops it and reports why (log, `specserve scale`, specserve_replicas{state="given_up"})."""
-    max_sessions: int = 256
-    """Sessions (KV caches) one replica keeps; the least recently used is evicted beyond it."""
-    idle_ttl_s: float = 300.0
-    """A session unused this long is evicted (the orchestrator prefills again if it comes back)."""
-    max_batch_size: int = 16
-    """Sessions one forward pass of a replica serves at most (continuous batching)."""
-    prefill_chunk_tokens: int = 256
-    """Prompt tokens per prefill pass; the other sessions' passes run between the chunks."""
-    draft_slots: int = 64
-    """A draft on CUDA: sessions in its preallocated KV pool, stepped by CUDA graphs (0: none)."""
-    draft_slot_tokens: int = 4096
-    """A draft on CUDA: context one pool slot holds."""
-    prompt_lookup_max: int = 4
-    """A prompt-lookup draft (`ngram`, `MODEL+ngram`): the longest suffix n-gram it looks up."""
-    prompt_lookup_min: int = 2
-    """... and the shortest."""
-    cpu_threads: int | None = None
-    """Torch threads for CPU inference; None: every core of the node for a target, a quarter for a draft
-    (specserve.models.loading.cpu_threads; Ray would otherwise cap OMP_NUM_THREADS at num_cpus)."""
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -82,14 +68,15 @@ class RoleConfig:
             raise ValueError(f"max_restarts must be -1 (always) or >= 0, got {self.max_restarts}")
         if self.max_load_failures < 1:
             raise ValueError(f"max_load_failures must be >= 1, got {self.max_load_failures}")
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.lookup_only and (self.num_gpus or self.accelerator_type):
             raise ValueError(
                 f"num_gpus / accelerator_type: a lookup draft ({self.model.name!r}) loads no model and uses no GPU; "
                 f"set num_gpus to 0 and no accelerator_type (got {self.num_gpus}, {self.accelerator_type})"
             )
-        self.service("127.0.0.1")  # validates the server's own settings
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.worker.model
 
     @property
     def lookup_only(self) -> bool:
@@ -98,12 +85,7 @@ class RoleConfig:
 
     def service(self, host: str, tls: TLSConfig | None = None) -> WorkerServiceConfig:
         """The gRPC server one replica runs, listening on `host` (port chosen when it starts)."""
-        return WorkerServiceConfig(
-            self.model, host, 0, self.max_sessions, self.idle_ttl_s, self.max_batch_size, tls,
-            prefill_chunk_tokens=self.prefill_chunk_tokens, draft_slots=self.draft_slots,
-            draft_slot_tokens=self.draft_slot_tokens, prompt_lookup_max=self.prompt_lookup_max,
-            prompt_lookup_min=self.prompt_lookup_min,
-        )  # fmt: skip
+        return dataclasses.replace(self.worker, host=host, port=0, tls=tls)
 
     def ray_resources(self) -> dict[str, float]:
         """What one replica asks of its node, in Ray's names (as a KubeRay worker group must offer)."""
@@ -115,7 +97,7 @@ class RoleConfig:
 
 @dataclass(frozen=True, slots=True)
 class RayConfig:
-    address: str | None = None
+    address: str | None = field(default=None, metadata=flag(metavar="RAY_ADDRESS"))
     """None starts a local Ray instance on this machine (on loopback); `auto` joins the cluster this node
     belongs to; `ray://HOST:10001` connects through Ray Client."""
     namespace: str = "specserve"
@@ -129,11 +111,11 @@ class RayConfig:
 class SecurityConfig:
     """TLS and authentication of the whole deployment, in one place."""
 
-    tls_dir: str | None = None
+    tls_dir: str | None = field(default=None, metadata=flag(metavar="DIR"))
     """A folder laid out as `specserve certs` writes it (ca.pem, worker.pem, worker-key.pem, orchestrator.pem,
     orchestrator-key.pem), at this path on every node: TLS on every hop; mutual TLS between the
     orchestrator and the workers, which answer no one else. None: plaintext."""
-    api_key_file: str | None = None
+    api_key_file: str | None = field(default=None, metadata=flag(metavar="FILE"))
     """A file holding the public API's bearer token; SPECSERVE_API_KEY, when set, is used instead. Neither:
     the public API asks for no token."""
 
@@ -153,10 +135,8 @@ class SecurityConfig:
 
 @dataclass(frozen=True, slots=True)
 class DeployConfig:
-    target: RoleConfig = field(default_factory=lambda: RoleConfig(ModelConfig(DEFAULT_TARGET)))
-    draft: RoleConfig | None = field(
-        default_factory=lambda: RoleConfig(ModelConfig(DEFAULT_DRAFT, quantization="auto"))
-    )
+    target: RoleConfig = field(default_factory=lambda: default_role("target"))
+    draft: RoleConfig | None = field(default_factory=lambda: default_role("draft"))
     """None serves target-only."""
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -186,6 +166,8 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
 def read_file(path: Path) -> dict[str, Any]:
     text = path.read_text()
     if path.suffix in (".yaml", ".yml"):
+        import yaml  # here: `specserve --help` builds its flags from this module and should not pay for it
+
         data = yaml.safe_load(text) or {}
     elif path.suffix == ".toml":
         data = tomllib.loads(text)
@@ -197,13 +179,13 @@ def read_file(path: Path) -> dict[str, Any]:
 
 
 def config_from_dict(data: Mapping[str, Any]) -> DeployConfig:
-    _check_keys(data, DeployConfig, "config")
+    _check_keys(data, [f.name for f in dataclasses.fields(DeployConfig)], "config")
     kwargs: dict[str, Any] = {}
     if "target" in data:
-        kwargs["target"] = _role(data["target"], "target", ModelConfig(DEFAULT_TARGET))
+        kwargs["target"] = _role(data["target"], "target")
     if "draft" in data:
         draft = data["draft"]
-        kwargs["draft"] = None if draft is None or draft == "none" else _role(draft, "draft", _default_draft())
+        kwargs["draft"] = None if draft is None or draft == "none" else _role(draft, "draft")
     if "orchestrator" in data:
         secured = sorted({"tls", "worker_tls", "api_key"} & set(_mapping(data["orchestrator"], "orchestrator")))
         if secured:
@@ -216,28 +198,46 @@ def config_from_dict(data: Mapping[str, Any]) -> DeployConfig:
     return DeployConfig(**kwargs)
 
 
-def _default_draft() -> ModelConfig:
-    return ModelConfig(DEFAULT_DRAFT, quantization="auto")
+def default_role(role: str) -> RoleConfig:
+    """A role's replicas when the config says nothing of it: the default model, one replica."""
+    return RoleConfig(WorkerServiceConfig(_default_model(role)))
 
 
-def _role(data: Any, where: str, default_model: ModelConfig) -> RoleConfig:
+def role_keys() -> list[str]:
+    """The keys of a role in a file: RoleConfig's (less `worker`) and the worker's (less those set at start)."""
+    return [f.name for f in dataclasses.fields(RoleConfig) if f.name != "worker"] + _worker_keys()
+
+
+def _worker_keys() -> list[str]:
+    return [f.name for f in dataclasses.fields(WorkerServiceConfig) if f.name not in WORKER_KEYS_SET_AT_START]
+
+
+def _default_model(role: str) -> ModelConfig:
+    return ModelConfig.for_role(role, DEFAULT_TARGET if role == "target" else DEFAULT_DRAFT)
+
+
+def _role(data: Any, where: str) -> RoleConfig:
     data = dict(_mapping(data, where))
+    _check_keys(data, role_keys(), where)
+    default_model = _default_model(where)
     model = data.pop("model", None)
     if model is None:
-        data["model"] = default_model
+        model = default_model
     elif isinstance(model, str):  # shorthand: the name alone, the role's defaults otherwise
-        data["model"] = dataclasses.replace(default_model, name=model)
+        model = dataclasses.replace(default_model, name=model)
     else:
-        data["model"] = _build(ModelConfig, {"name": default_model.name, **_mapping(model, f"{where}.model")},
-                               f"{where}.model", defaults=default_model)  # fmt: skip
-    if where == "draft" and parse_draft_name(data["model"].name)[0] is None:
+        model = _build(ModelConfig, {"name": default_model.name, **_mapping(model, f"{where}.model")},
+                       f"{where}.model", defaults=default_model)  # fmt: skip
+    if where == "draft" and parse_draft_name(model.name)[0] is None:
         data.setdefault("num_cpus", LOOKUP_NUM_CPUS)  # prompt lookup: a little CPU, no GPU
+    worker = {name: data.pop(name) for name in _worker_keys() if name in data}
+    data["worker"] = _build(WorkerServiceConfig, {"model": model, **worker}, where)
     return _build(RoleConfig, data, where)
 
 
 def _build(cls: type, data: Any, where: str, defaults: Any = None) -> Any:
     data = _mapping(data, where)
-    _check_keys(data, cls, where)
+    _check_keys(data, [f.name for f in dataclasses.fields(cls)], where)
     if defaults is not None:
         data = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(defaults)} | dict(data)
     try:
@@ -252,8 +252,7 @@ def _mapping(data: Any, where: str) -> Mapping[str, Any]:
     return data
 
 
-def _check_keys(data: Mapping[str, Any], cls: type, where: str) -> None:
-    allowed = [f.name for f in dataclasses.fields(cls)]
+def _check_keys(data: Mapping[str, Any], allowed: list[str], where: str) -> None:
     unknown = sorted(set(data) - set(allowed))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {allowed}")

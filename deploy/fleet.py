@@ -129,7 +129,7 @@ class RayFleet:
                 max_concurrency=4,  # status() answers while start() or stop() runs
                 runtime_env={"env_vars": openmp_env()},  # set before the actor's process loads torch
             )
-            .remote(role, service, role_config.cpu_threads)
+            .remote(role, service)
         )
         member = Member(actor, name)
         _start(member)

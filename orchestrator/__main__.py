@@ -9,11 +9,11 @@ import dataclasses
 import logging
 import signal
 import sys
-from collections.abc import Callable
 
 from orchestrator.replicas import StaticFleet
 from orchestrator.server import serve
 from orchestrator.service import OrchestratorConfig
+from specserve.flags import add_config_flags, build_from_flags
 from specserve.logs import configure_logging
 
 
@@ -27,14 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls-dir", metavar="DIR", help="certificates from `specserve certs`: TLS for the API, "
                         "mutual TLS to the workers (start them with --tls-cert/--tls-key/--tls-ca)")  # fmt: skip
     parser.add_argument("--api-key-file", metavar="FILE", help="bearer token the API requires (or SPECSERVE_API_KEY)")
-    parser.add_argument("--http-port", type=int, help="OpenAI-compatible HTTP API and /metrics (default 8000; 0 "
-                        "picks a free port)")  # fmt: skip
-    parser.add_argument("--no-http", action="store_true", help="serve gRPC only")
-    for field in dataclasses.fields(OrchestratorConfig):  # one flag per plain config field
-        kinds: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str, "bool": _boolean}
-        kind = kinds.get(str(field.type))
-        if kind is not None:
-            parser.add_argument("--" + field.name.replace("_", "-"), type=kind, help=f"default {field.default}")
+    parser.add_argument("--no-http", action="store_true", help="serve gRPC only (no --http-port)")
+    add_config_flags(parser.add_argument_group("orchestrator (OrchestratorConfig)"), OrchestratorConfig)
     return parser
 
 
@@ -49,12 +43,6 @@ def _secured(config: OrchestratorConfig, tls_dir: str | None, api_key_file: str 
     return dataclasses.replace(config, api_key=read_api_key(api_key_file))
 
 
-def _boolean(text: str) -> bool:
-    if text.lower() not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return text.lower() == "true"
-
-
 async def _serve(config: OrchestratorConfig, fleet: StaticFleet, ready_timeout_s: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -66,9 +54,8 @@ async def _serve(config: OrchestratorConfig, fleet: StaticFleet, ready_timeout_s
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(logging.INFO)  # request ids on every line; JSON when SPECSERVE_LOG_FORMAT=json
-    fields = {f.name for f in dataclasses.fields(OrchestratorConfig)}
     try:
-        config = OrchestratorConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+        config = build_from_flags(OrchestratorConfig, args)
         config = _secured(config, args.tls_dir, args.api_key_file)
         if args.no_http:
             config = dataclasses.replace(config, http_port=None)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specserve.flags import NO_FLAG, flag
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 from specserve.security import TLSConfig
 
 
 @dataclass(frozen=True, slots=True)
 class OrchestratorConfig:
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = field(default=4, metadata=flag("-k", "--num-speculative-tokens", metavar="K"))
     """The fixed k: drafts per round for requests that do not set k when adaptive is off, and for seeded
     sampled requests always (0 when no draft serves). `--num-speculative-tokens` sets it, adaptive off."""
     adaptive: bool = True
     """Requests that do not set k get adaptive speculation: 0..max_adaptive_k drafts per round, following
     acceptance, the measured draft and target costs and the batch size; 0 when speculation would not pay.
     Seeded sampled requests keep the fixed k, so that they reproduce. A request that sets k gets that k."""
-    max_adaptive_k: int = 8
+    max_adaptive_k: int = field(default=8, metadata=flag("--max-adaptive-k", "--max-speculative-tokens", metavar="K"))
     """Adaptive k's bound (`--max-speculative-tokens`)."""
     draft_confidence_threshold: float = 0.0
     """The draft ends a window early after a token it gave less than this probability (0: never; exact
@@ -27,7 +28,7 @@ class OrchestratorConfig:
     there each draft step is paid in full, and a token the draft was unsure of is likely rejected.
     Pre-drafted rounds keep draft_confidence_threshold: a shorter window is less often accepted whole,
     and the pre-draft continues only whole acceptances. 0.4 is Hugging Face's default."""
-    pipelined: bool = True
+    pipelined: bool = field(default=True, metadata=flag("--pipelined", "--pipeline"))
     """Pre-draft the next window while the target verifies this one."""
     yield_shared_cores: bool = True
     """On a draft and a target that share CPU cores (one machine, no GPU: specserve/placement.py), rounds
@@ -37,6 +38,7 @@ class OrchestratorConfig:
     host: str = "127.0.0.1"
     """Interface of the public API; 0.0.0.0 opens it to the network."""
     port: int = 50051
+    """Port of the public gRPC API (and the admin API); 0 picks a free port."""
     http_port: int | None = 8000
     """Port of the OpenAI-compatible HTTP API and /metrics, on `host`; 0 picks a free port, None turns it off."""
     discovery_interval_s: float = 1.0
@@ -59,11 +61,11 @@ class OrchestratorConfig:
     shutdown_grace_s: float = 30.0
     """On SIGTERM: new requests are refused (UNAVAILABLE, health NOT_SERVING) and the ones in flight get
     this long to finish before they are cancelled."""
-    tls: TLSConfig | None = None
+    tls: TLSConfig | None = field(default=None, metadata=NO_FLAG)
     """Serve the public and admin API over TLS. None: plaintext."""
-    worker_tls: TLSConfig | None = None
+    worker_tls: TLSConfig | None = field(default=None, metadata=NO_FLAG)
     """Call the workers over TLS, presenting this certificate (mutual TLS). None: plaintext."""
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False, metadata=NO_FLAG)
     """Every public and admin call must carry `authorization: Bearer <api_key>` (else UNAUTHENTICATED).
     None: no authentication (loopback and trusted networks only)."""
 

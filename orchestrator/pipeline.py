@@ -27,6 +27,7 @@ from typing import TypeVar
 import grpc
 
 from orchestrator.admission import Admission
+from orchestrator.config import OrchestratorConfig
 from orchestrator.remote import DraftClient, PassReport, TargetClient
 from orchestrator.replicas import Replica, ReplicaPool
 from orchestrator.turns import Phase
@@ -51,25 +52,21 @@ REPLICA_FAILURES = frozenset({
 
 @dataclass(frozen=True, slots=True)
 class RequestPlan:
+    """One request as the service planned it; the orchestrator's settings come with it, not copies of them."""
+
     prompt_token_ids: list[int]
     k: int
+    """Drafts per round; with `adaptive`, the most a round drafts."""
     sampling: SamplingParams
     stop: StopConditions
     max_context: int
     vocab_size: int
-    pipelined: bool = True
-    yield_shared_cores: bool = True
-    """On a draft and a target that share CPU cores: no pre-draft, the draft on every core, turns."""
-    failover_timeout_s: float = 120.0
-    """How long the request waits for a usable target replica (e.g. while Ray restarts the only one)."""
-    adaptive: bool = False
-    """k is the most drafts per round; each round's k follows acceptance, costs and batch size."""
-    draft_timeout_s: float = 30.0
-    """A proposal later than this is given up: the round goes target-only (see RemoteRequest._propose)."""
-    confidence_threshold: float = 0.0
-    """The draft ends a window after a token it gave less than this probability."""
-    sequential_confidence_threshold: float = 0.0
-    """At least this, for a round that is not pre-drafted (OrchestratorConfig)."""
+    config: OrchestratorConfig
+    """Timeouts, confidence thresholds, shared-core turns (the request's own choices below win)."""
+    pipelined: bool
+    """Pre-draft the next window during verification (config.pipelined unless the caller chose)."""
+    adaptive: bool
+    """Each round's k follows acceptance, costs and batch size (the request left k to the server)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +151,9 @@ class RemoteRequest:
     async def _prefill(self) -> list[int]:
         """Prefill the target and the draft; returns what the first output token emits (chosen in the target's
         prefill, so that it reaches the client without waiting for a round)."""
-        self.target = await self.target_pool.acquire(self.plan.failover_timeout_s)
+        self.target = await self.target_pool.acquire(self.plan.config.failover_timeout_s)
         if self.target is None:
-            raise UnavailableError(f"no target replica is serving (waited {self.plan.failover_timeout_s:.0f}s)")
+            raise UnavailableError(f"no target replica is serving (waited {self.plan.config.failover_timeout_s:.0f}s)")
         first_token = self.decoder.next_k() is not None  # the request has room for a token
         if self.draft_pool is None:
             await self._on_target(_nothing, first_token)
@@ -230,11 +227,11 @@ class RemoteRequest:
         assert self.target is not None
         self._abandon(self.target_pool, self.target, error)
         self.target = None
-        self.target = await self.target_pool.acquire(self.plan.failover_timeout_s)
+        self.target = await self.target_pool.acquire(self.plan.config.failover_timeout_s)
         if self.target is None:
             raise UnavailableError(
                 f"the target replica failed ({error.code().name}) and no other served within "
-                f"{self.plan.failover_timeout_s:.0f}s"
+                f"{self.plan.config.failover_timeout_s:.0f}s"
             )
         self._target_ready = False
         self.pipeline.num_target_moves += 1
@@ -353,7 +350,7 @@ class RemoteRequest:
     def _on_shared_cores(self) -> bool:
         """A draft and a target that compute on the same CPU cores: a pre-draft would only slow the
         verification beside it, so rounds run in turn, and the replica's sessions take turns (Turns)."""
-        if not self.plan.yield_shared_cores or self.draft is None or self.target is None:
+        if not self.plan.config.yield_shared_cores or self.draft is None or self.target is None:
             return False
         draft, target = self.draft.info, self.target.info
         if draft is None or target is None or draft.placement is None or target.placement is None:
@@ -381,9 +378,9 @@ class RemoteRequest:
         started = time.perf_counter()
 
         shared_cores = self._on_shared_cores()  # then the target waits for the proposals: Turns
-        threshold = self.plan.confidence_threshold
+        threshold = self.plan.config.draft_confidence_threshold
         if not self._pipelined():  # a round run in turn
-            threshold = max(threshold, self.plan.sequential_confidence_threshold)
+            threshold = max(threshold, self.plan.config.sequential_confidence_threshold)
 
         async def propose(client: DraftClient) -> tuple[Proposal, PassReport]:
             num_kept = min(self._draft_valid, self._draft_length)
@@ -391,7 +388,7 @@ class RemoteRequest:
             try:
                 result = await client.propose(
                     self.session_id, num_kept, new_token_ids, k, self.plan.sampling, self.plan.vocab_size,
-                    timeout_s=self.plan.draft_timeout_s, confidence_threshold=threshold,
+                    timeout_s=self.plan.config.draft_timeout_s, confidence_threshold=threshold,
                     target_idle=shared_cores,
                 )  # fmt: skip
             except grpc.aio.AioRpcError as error:
@@ -411,7 +408,7 @@ class RemoteRequest:
             self.pipeline.num_draft_timeouts += 1
             logger.warning(
                 "session %s: the draft took over %.2fs to propose; this round goes target-only",
-                self.session_id, self.plan.draft_timeout_s,
+                self.session_id, self.plan.config.draft_timeout_s,
             )  # fmt: skip
             self._abandon_draft()
             return Proposal([])
@@ -438,10 +435,11 @@ class RemoteRequest:
 
     async def _predraft_call(self, client: DraftClient, num_kept: int, k: int) -> tuple[Proposal, PassReport] | None:
         """A failed guess costs nothing: the next propose recovers the session or drops the draft."""
+        config = self.plan.config
         try:
             return await client.propose(
                 self.session_id, num_kept, [], k, self.plan.sampling, self.plan.vocab_size,
-                timeout_s=self.plan.draft_timeout_s, confidence_threshold=self.plan.confidence_threshold,
+                timeout_s=config.draft_timeout_s, confidence_threshold=config.draft_confidence_threshold,
             )  # fmt: skip
         except grpc.aio.AioRpcError as error:
             logger.debug("pre-draft failed for session %s: %s", self.session_id, error)

@@ -88,13 +88,9 @@ class Orchestrator:
             stop=stop_conditions(request, info.eos_token_ids),
             max_context=info.max_context,
             vocab_size=info.vocab_size,
+            config=self.config,
             pipelined=self.config.pipelined if pipelined is None else pipelined,
-            yield_shared_cores=self.config.yield_shared_cores,
-            failover_timeout_s=self.config.failover_timeout_s,
             adaptive=adaptive,
-            draft_timeout_s=self.config.draft_timeout_s,
-            confidence_threshold=self.config.draft_confidence_threshold,
-            sequential_confidence_threshold=self.config.sequential_confidence_threshold,
         )
         return RemoteRequest(self.target_pool, self.draft_pool, plan, self.decode, self.admission)
 

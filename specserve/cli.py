@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -20,9 +21,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from specserve.bench.command import add_bench_arguments
+from specserve.bench.command import add_bench_commands
+from specserve.flags import add_config_flags, build_from_flags, given_values
 from specserve.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
-from specserve.models.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig
+from specserve.models.config import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from specserve.preflight import check_model_name, check_port_free
 from specserve.security import API_KEY_ENV, ORCHESTRATOR_NAME, TLSConfig
@@ -31,28 +33,37 @@ from specserve.security import API_KEY_ENV, ORCHESTRATOR_NAME, TLSConfig
 # start in a fraction of a second; the commands that load models import what they need.
 if TYPE_CHECKING:
     from deploy.config import DeployConfig
-    from specserve.config import EngineConfig, GenerationRequest
+    from specserve.config import EngineConfig, GenerationRequest, WorkerServiceConfig
 
 LOG_FORMAT_HELP = f"text, or one JSON object per line (default: ${LOG_FORMAT_ENV}, else text)"
-DTYPE_HELP = "auto: bfloat16 on GPUs and CPUs that compute it, else float32 (tiny models: float32)"
-DEVICE_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:N"
-QUANTIZATION_HELP = "CPU only: int8 / int4 weights; auto: int4 on AVX-512, else int8 for a draft, none on GPUs"
 DEMO_PROMPT = 'def quicksort(items: list[int]) -> list[int]:\n    """Sort items with quicksort."""\n'
+REQUEST_FLAGS = ("max_tokens", "stop", "ignore_eos")
+"""GenerationRequest fields `generate` and `demo` take as flags (the sampling ones come from SamplingParams)."""
+ROLE_MODEL_FLAGS = ("dtype", "device", "quantization", "engine", "kv_cache_tokens")
+"""ModelConfig fields set per role on the command line (--target-dtype, --draft-dtype, ...)."""
+ROLE_FLAGS = ("replicas", "num_gpus", "num_cpus")
+"""RoleConfig fields `serve` sets per role (--target-replicas, ...); the rest only a config file sets."""
+SPECULATION_FLAGS = ("num_speculative_tokens", "max_adaptive_k", "adaptive")
+ORCHESTRATOR_FLAGS = ("host", "port", "http_port", "pipelined", "draft_confidence_threshold", "max_concurrent_requests",
+                      "max_queued_requests", "queue_timeout_s", "draft_timeout_s", "shutdown_grace_s")  # fmt: skip
+"""OrchestratorConfig fields `serve` sets; the rest only a config file (or `python -m orchestrator`) sets."""
 
 
-def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+def add_model_flags(parser: argparse.ArgumentParser, k: bool = True) -> None:
+    """The target and draft of an in-process engine (and of `bench load | rate`'s served stack): names, then
+    ModelConfig's dtype, device and quantization per role; with `k`, the engine's k."""
     g = parser.add_argument_group("models")
     g.add_argument("--target", "--model", default=DEFAULT_TARGET, help="target: preset, HF model id or directory")
     g.add_argument("--draft", "--speculative-model", default=DEFAULT_DRAFT,
                    help="draft: preset, HF model id or directory; 'none' for none; 'ngram': prompt "
                    "lookup, no model; 'MODEL+ngram': the hybrid of both")  # fmt: skip
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
-        g.add_argument(f"--{role}-device", default="auto", help=DEVICE_HELP)
-    g.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
-    g.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with HF models")
-    g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="drafts per round; 0 = target-only "
-                   "(default: in process 4; with --address, the server's k, adaptive by default)")  # fmt: skip
+        add_config_flags(g, ModelConfig, only=ROLE_MODEL_FLAGS, prefix=f"{role}-",
+                         defaults=ModelConfig.for_role(role, "NAME"))  # fmt: skip
+    add_config_flags(g, ModelConfig, only=["trust_remote_code"])
+    if k:
+        g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="drafts per round; 0 = target-"
+                       "only (default: in process 4; with --address, the server's k, adaptive by default)")  # fmt: skip
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -61,45 +72,41 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     for name in (args.target, args.draft):
         if name.lower() != "none":
             check_model_name(name)  # before anything loads: a typo is one line, not a hub timeout
-    target = ModelConfig(args.target, args.target_device, args.target_dtype, args.trust_remote_code)
-    draft = None
-    if args.draft.lower() != "none":
-        draft = ModelConfig(
-            args.draft, args.draft_device, args.draft_dtype, args.trust_remote_code, args.draft_quantization
-        )
-    k = 4 if args.num_speculative_tokens is None else args.num_speculative_tokens
-    return EngineConfig(target, draft, k if draft else 0)
+    target = role_model(args, "target", args.target)
+    draft = None if args.draft.lower() == "none" else role_model(args, "draft", args.draft)
+    k = 0 if draft is None else getattr(args, "num_speculative_tokens", None)  # None: EngineConfig's default
+    return EngineConfig(target, draft, **({} if k is None else {"num_speculative_tokens": k}))
+
+
+def role_model(args: argparse.Namespace, role: str, name: str) -> ModelConfig:
+    """`name` with the role's defaults and the --ROLE-dtype / -device / -quantization / --trust-remote-code given."""
+    base = dataclasses.asdict(ModelConfig.for_role(role, name)) | {"trust_remote_code": bool(args.trust_remote_code)}
+    return build_from_flags(ModelConfig, args, ROLE_MODEL_FLAGS, prefix=f"{role}-", **base)  # type: ignore[no-any-return]
 
 
 def _add_request_flags(parser: argparse.ArgumentParser) -> None:
+    from specserve.config import GenerationRequest
+    from specserve.core.types import SamplingParams
+
     g = parser.add_argument_group("request")
-    g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1: off)")
-    g.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (default 0: off)")
-    g.add_argument("--seed", type=int, default=None, help="seeded sampling reproduces its output")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_config_flags(g, GenerationRequest, only=REQUEST_FLAGS)
+    add_config_flags(g, SamplingParams)
     g.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids, stats")
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
-    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens (exactly "
-                   "--max-tokens, as benchmarks want)")  # fmt: skip
 
 
 def _request(args: argparse.Namespace, prompt: str) -> GenerationRequest:
     from specserve.config import GenerationRequest
     from specserve.core.types import SamplingParams
 
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-    return GenerationRequest(
+    return build_from_flags(  # type: ignore[no-any-return]
+        GenerationRequest, args, REQUEST_FLAGS,
         prompt=None if args.chat else prompt,
         messages=(("user", prompt),) if args.chat else None,
-        max_tokens=args.max_tokens,
-        sampling=sampling,
-        stop=tuple(args.stop),
+        sampling=build_from_flags(SamplingParams, args),
         num_speculative_tokens=args.num_speculative_tokens,
-        ignore_eos=args.ignore_eos,
-    )
+    )  # fmt: skip
 
 
 def cmd_generate(args: argparse.Namespace, prompt: str | None = None) -> int:
@@ -169,96 +176,63 @@ def _print_result(args: argparse.Namespace, text: str, token_ids: list[int], fin
 
 
 def _add_deploy_flags(parser: argparse.ArgumentParser) -> None:
-    """Everything a deploy config file holds; a flag given overrides the file (deploy/config.py)."""
+    """Flags for the deploy config's most used settings, each derived from its field; a flag given overrides
+    the --config file, which overrides the dataclasses' defaults (deploy/config.py)."""
+    from deploy.config import RayConfig, RoleConfig, SecurityConfig
+    from orchestrator.config import OrchestratorConfig
+
     parser.add_argument("--config", metavar="FILE", help="deployment config, YAML or TOML (see deploy/configs/)")
-    parser.add_argument(
-        "--address", dest="ray_address", metavar="RAY_ADDRESS",
-        help="Ray cluster to join: auto, HOST:6379 or ray://HOST:10001 (default: start one on this machine)",
-    )  # fmt: skip
+    add_config_flags(parser, RayConfig, only=["address"])
     g = parser.add_argument_group("models (default: the qwen2.5-coder 1.5b target, 0.5b draft)")
     g.add_argument("--target", "--model", help="target: preset, HF model id or directory")
     g.add_argument("--draft", "--speculative-model", help="draft: preset, HF model id or directory; 'none' serves "
                    "target-only; 'ngram': prompt lookup, no model; 'MODEL+ngram': the hybrid of both")  # fmt: skip
+    add_config_flags(g, ModelConfig, only=["trust_remote_code"])
     for role in ("target", "draft"):
-        g.add_argument(f"--{role}-dtype", choices=["auto", *DTYPE_NAMES], help=DTYPE_HELP)
-        g.add_argument(f"--{role}-device", help=DEVICE_HELP)
-        g.add_argument(f"--{role}-quantization", choices=QUANTIZATIONS, help=QUANTIZATION_HELP)
-    g.add_argument("--trust-remote-code", action="store_true", default=None, help="run modelling code from HF models")
-    g = parser.add_argument_group("replicas and placement (per replica)")
-    for role in ("target", "draft"):
-        g.add_argument(f"--{role}-replicas", type=int, help="replicas at start (default 1)")
-        g.add_argument(f"--{role}-num-gpus", type=float, help="GPUs per replica; < 1 shares one (default 0)")
-        g.add_argument(f"--{role}-num-cpus", type=float, help="CPUs per replica, as Ray counts them (default 1)")
-    from orchestrator.config import OrchestratorConfig
-
+        g = parser.add_argument_group(f"{role} replicas (each)")
+        add_config_flags(g, ModelConfig, only=ROLE_MODEL_FLAGS, prefix=f"{role}-",
+                         defaults=ModelConfig.for_role(role, "NAME"))  # fmt: skip
+        add_config_flags(g, RoleConfig, only=ROLE_FLAGS, prefix=f"{role}-")
     defaults = OrchestratorConfig()
     k, max_k = defaults.num_speculative_tokens, defaults.max_adaptive_k
     g = parser.add_argument_group("speculation (a request that sets k gets that k)",
                                   f"Default: requests that do not set k get adaptive k, 0..{max_k} drafts per round as "
-                                  f"acceptance and costs say; seeded samples keep a fixed {k}.")  # fmt: skip
-    g.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="fixed k: K drafts per round for "
-                   "requests that do not set k (adaptive off unless --adaptive is given); 0 = target-only")  # fmt: skip
-    g.add_argument("--max-speculative-tokens", type=int, metavar="K", help=f"adaptive k's bound (default {max_k})")
-    g.add_argument("--adaptive", action=argparse.BooleanOptionalAction, help="adaptive k for requests that do not "
-                   f"set k (default: on, unless -k is given); --no-adaptive: the fixed k (default {k})")  # fmt: skip
+                                  f"acceptance and costs say; seeded samples keep a fixed {k}. A k given here is "
+                                  "fixed: adaptive off unless --adaptive is given too.")  # fmt: skip
+    add_config_flags(g, OrchestratorConfig, only=SPECULATION_FLAGS)
     g = parser.add_argument_group("orchestrator")
-    g.add_argument("--host", help="interface of the public API (default 127.0.0.1; 0.0.0.0 opens it)")
-    g.add_argument("--port", type=int, help="public API port (default 50051)")
-    g.add_argument("--no-pipeline", action="store_true", default=None, help="do not pre-draft during verification")
-    g.add_argument("--http-port", type=int, help="OpenAI-compatible HTTP API and /metrics (default 8000; 0: any free)")
-    g.add_argument("--no-http", action="store_true", help="serve the gRPC API only")
-    g.add_argument("--draft-confidence-threshold", type=float, help="the draft ends a window after a token it gave "
-                   "less than this probability (default 0: never)")  # fmt: skip
+    add_config_flags(g, OrchestratorConfig, only=ORCHESTRATOR_FLAGS)
+    g.add_argument("--no-http", action="store_true", help="serve the gRPC API only (no --http-port)")
     g = parser.add_argument_group("security (default: plaintext, no key; keep such a stack on loopback)")
-    g.add_argument("--tls-dir", metavar="DIR", help="certificates from `specserve certs`: TLS on every hop, mutual "
-                   "TLS to the workers (the same path on every node)")  # fmt: skip
-    g.add_argument("--api-key-file", metavar="FILE", help=f"bearer token the public API requires (or ${API_KEY_ENV})")
-    g.add_argument("--max-concurrent-requests", type=int, help="requests decoding at once (default 128)")
-    g.add_argument("--max-queued-requests", type=int, help="requests waiting beyond those (default 512); "
-                   "more are refused RESOURCE_EXHAUSTED with a retry hint")  # fmt: skip
-    g.add_argument("--queue-timeout-s", type=float, help="how long a queued request waits (default 30)")
-    g.add_argument("--draft-timeout-s", type=float, help="a slower proposal is skipped: target-only round (default 5)")
-    g.add_argument("--shutdown-grace-s", type=float, help="on SIGTERM, time in-flight requests get (default 30)")
+    add_config_flags(g, SecurityConfig)
 
 
 def _deploy_config(args: argparse.Namespace, **overrides: object) -> DeployConfig:
     from deploy.config import load_config
 
-    flags: dict[str, object] = {"ray.address": args.ray_address}
+    flags: dict[str, object] = {"ray.address": args.address}
     for role in ("target", "draft"):
         name = getattr(args, role)
         if role == "draft" and name is not None and name.lower() == "none":
             continue
         flags |= {f"{role}.model.name": name, f"{role}.model.trust_remote_code": args.trust_remote_code}
-        for field in ("dtype", "device", "quantization"):
-            flags[f"{role}.model.{field}"] = getattr(args, f"{role}_{field}")
-        for field in ("replicas", "num_gpus", "num_cpus"):
-            flags[f"{role}.{field}"] = getattr(args, f"{role}_{field}")
-    adaptive = args.adaptive
-    if adaptive is None and args.num_speculative_tokens is not None:
-        adaptive = False  # a k given is the k requests get (vLLM's --num-speculative-tokens)
-    flags |= {
-        "orchestrator.num_speculative_tokens": args.num_speculative_tokens,
-        "orchestrator.adaptive": adaptive,
-        "orchestrator.max_adaptive_k": args.max_speculative_tokens,
-        "orchestrator.host": args.host,
-        "orchestrator.port": args.port,
-        "orchestrator.pipelined": False if args.no_pipeline else None,
-        "orchestrator.draft_confidence_threshold": args.draft_confidence_threshold,
-        "security.tls_dir": args.tls_dir,
-        "security.api_key_file": args.api_key_file,
-    }
-    for name in ("max_concurrent_requests", "max_queued_requests", "queue_timeout_s", "draft_timeout_s",
-                 "shutdown_grace_s"):  # fmt: skip
-        flags[f"orchestrator.{name}"] = getattr(args, name)
-    flags["orchestrator.http_port"] = args.http_port
-    flags |= {f"orchestrator.{name}": value for name, value in overrides.items()}
+        flags |= _dotted(f"{role}.model", given_values(args, ROLE_MODEL_FLAGS, prefix=f"{role}-"))
+        flags |= _dotted(role, given_values(args, ROLE_FLAGS, prefix=f"{role}-"))
+    orchestrator = given_values(args, SPECULATION_FLAGS + ORCHESTRATOR_FLAGS)
+    if "num_speculative_tokens" in orchestrator:  # a k given is the k requests get (vLLM's --num-speculative-tokens)
+        orchestrator.setdefault("adaptive", False)
+    flags |= _dotted("orchestrator", orchestrator | overrides)
+    flags |= _dotted("security", given_values(args, ("tls_dir", "api_key_file")))
     if args.draft is not None and args.draft.lower() == "none":
         flags["draft"] = "none"  # last: it drops the draft section whatever the file said
     config = load_config(args.config, flags)
     if args.no_http:  # None in the flags means "not given", so switching it off goes here
         config = dataclasses.replace(config, orchestrator=dataclasses.replace(config.orchestrator, http_port=None))
     return config
+
+
+def _dotted(section: str, values: dict[str, object]) -> dict[str, object]:
+    return {f"{section}.{name}": value for name, value in values.items()}
 
 
 def _preflight(config: DeployConfig) -> None:
@@ -441,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the prompt text ('-' reads it from stdin); with --chat, the user message")
     gen.add_argument("--address", help="a running orchestrator (HOST:PORT); without it, generate in this process")
     _add_client_security_flags(gen)
-    _add_model_flags(gen)
+    add_model_flags(gen)
     _add_request_flags(gen)
 
     serve = sub.add_parser("serve", help="serve draft and target replicas (Ray actors) and the orchestrator")
@@ -460,9 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--wait", action="store_true", help="return once every wanted replica serves")
     scale.add_argument("--timeout", type=float, default=900.0, help="seconds for the call (and --wait)")
 
-    bench = sub.add_parser("bench", help="HumanEval throughput: target-only vs speculative vs HF assisted")
-    _add_model_flags(bench)
-    add_bench_arguments(bench)
+    bench = sub.add_parser("bench", help="throughput: target-only vs speculative vs HF assisted (latency), the "
+                           "served stack under load (load, rate)")  # fmt: skip
+    add_bench_commands(bench, functools.partial(add_model_flags, k=False))
 
     certs = sub.add_parser("certs", help="make a local CA and TLS certificates (for tests, docs, small deployments)")
     certs.add_argument("--out", required=True, metavar="DIR", help="folder to write (serve --tls-dir DIR reads it)")
@@ -480,47 +454,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def worker_parser(role: str) -> argparse.ArgumentParser:
-    """The flags of `python -m draft_service` / `python -m target_service` (launcher.py writes them)."""
+    """The flags of `python -m draft_service` / `python -m target_service` (launcher.py writes them): one per
+    ModelConfig and WorkerServiceConfig field, and the TLS files."""
+    from specserve.config import DRAFT_ONLY_SETTINGS, WorkerServiceConfig
+
     parser = argparse.ArgumentParser(prog=f"python -m {role}_service", description=f"serve a {role} model over gRPC")
-    parser.add_argument("--model", required=True, help="preset, HF model id or local directory")
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_NAMES])
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--quantization", default="auto" if role == "draft" else "none", choices=QUANTIZATIONS)
-    parser.add_argument("--trust-remote-code", action="store_true")
-    parser.add_argument(
-        "--no-pack-weights", action="store_true", help="CPU bfloat16: keep Linear weights as loaded (not prepacked)"
-    )
-    parser.add_argument(
-        "--no-few-query-attention",
-        action="store_true",
-        help="CPU: attention as transformers calls it (no packed query heads)",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 opens it to the network")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--max-sessions", type=int, default=256)
-    parser.add_argument("--idle-ttl-s", type=float, default=300.0)
-    parser.add_argument("--max-batch-size", type=int, default=16, help="sessions per forward pass at most")
-    parser.add_argument(
-        "--prefill-chunk-tokens", type=int, default=256, help="prompt tokens per prefill pass (others' passes between)"
-    )
-    if role == "draft":
-        parser.add_argument("--draft-slots", type=int, default=64, help="on CUDA: sessions in the preallocated "
-                            "KV pool, stepped by CUDA graphs (0: none)")  # fmt: skip
-        parser.add_argument("--draft-slot-tokens", type=int, default=4096, help="on CUDA: context of one slot")
-    parser.add_argument("--cpu-threads", type=int, help="torch threads on CPU (default: OMP_NUM_THREADS if set, "
-                        "else all cores for a target, a quarter for a draft)")  # fmt: skip
-    parser.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
-    parser.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate (and --tls-key)")
-    parser.add_argument("--tls-key", metavar="PEM")
-    parser.add_argument("--tls-ca", metavar="PEM", help="mutual TLS: answer only the orchestrator's certificate "
-                        f"({ORCHESTRATOR_NAME}) signed by this CA")  # fmt: skip
+    add_config_flags(parser.add_argument_group("model (ModelConfig)"), ModelConfig,
+                     defaults=ModelConfig.for_role(role, "NAME"))  # fmt: skip
+    skip = DRAFT_ONLY_SETTINGS if role == "target" else ()
+    add_config_flags(parser.add_argument_group("server (WorkerServiceConfig)"), WorkerServiceConfig, skip=skip)
+    g = parser.add_argument_group("logs and security")
+    g.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
+    g.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate (and --tls-key)")
+    g.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    g.add_argument("--tls-ca", metavar="PEM", help="mutual TLS: answer only the orchestrator's certificate "
+                   f"({ORCHESTRATOR_NAME}) signed by this CA")  # fmt: skip
     return parser
 
 
-def worker_model(args: argparse.Namespace) -> ModelConfig:
-    return ModelConfig(args.model, args.device, args.dtype, args.trust_remote_code, args.quantization,
-                       few_query_attention=not args.no_few_query_attention,
-                       pack_weights=not args.no_pack_weights)  # fmt: skip
+def worker_config(role: str, args: argparse.Namespace) -> WorkerServiceConfig:
+    """What worker_parser(role) parsed; raises ValueError naming a bad setting."""
+    from specserve.config import WorkerServiceConfig
+
+    model = build_from_flags(ModelConfig, args, **dataclasses.asdict(ModelConfig.for_role(role, args.name)))
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_ca:
+        mutual = args.tls_ca is not None
+        tls = TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual, (ORCHESTRATOR_NAME,) if mutual else ())
+    return build_from_flags(WorkerServiceConfig, args, model=model, tls=tls)  # type: ignore[no-any-return]
 
 
 def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: list[str] | None = None) -> int:
@@ -528,32 +489,16 @@ def run_worker_service(role: str, serve: Callable[..., Awaitable[None]], argv: l
     args = worker_parser(role).parse_args(argv)
     _configure_logging(verbose=True, log_format=args.log_format)
     try:
-        model = worker_model(args)
-        tls = None
-        if args.tls_cert or args.tls_key or args.tls_ca:
-            mutual = args.tls_ca is not None
-            peers = (ORCHESTRATOR_NAME,) if mutual else ()
-            tls = TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual, peers)
-        slots: dict[str, int] = {}
-        if role == "draft":
-            slots = {"draft_slots": args.draft_slots, "draft_slot_tokens": args.draft_slot_tokens}
-        from specserve.config import WorkerServiceConfig
-
-        config = WorkerServiceConfig(
-            model, args.host, args.port, args.max_sessions, args.idle_ttl_s, args.max_batch_size, tls,
-            prefill_chunk_tokens=args.prefill_chunk_tokens, **slots,
-        )  # fmt: skip
-        if args.cpu_threads is not None and args.cpu_threads < 1:
-            raise ValueError(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
+        config = worker_config(role, args)
     except ValueError as error:
         print(f"{role}_service: error: {error}", file=sys.stderr)
         return 2
-    if args.cpu_threads is not None or "OMP_NUM_THREADS" not in os.environ:  # else torch already follows it
+    if config.cpu_threads is not None or "OMP_NUM_THREADS" not in os.environ:  # else torch already follows it
         import torch
 
         from specserve.models.loading import cpu_threads
 
-        torch.set_num_threads(cpu_threads(role, args.cpu_threads))
+        torch.set_num_threads(cpu_threads(role, config.cpu_threads))
     asyncio.run(_serve_until_signalled(serve, config))
     return 0
 
@@ -606,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwinds like Ctrl-C: its workers stop too
             from specserve.bench.command import cmd_bench
 
-            return cmd_bench(args, _engine_config(args))
+            return cmd_bench(args, _engine_config)
         if args.command == "certs":
             return cmd_certs(args)
         return cmd_models(args)

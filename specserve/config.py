@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from specserve.core.loop import StopConditions
 from specserve.core.types import SamplingParams
+from specserve.flags import NO_FLAG, flag
 from specserve.models.config import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.security import TLSConfig
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 class EngineConfig:
     target: ModelConfig = field(default_factory=lambda: ModelConfig(DEFAULT_TARGET))
     """The model whose output is reproduced."""
-    draft: ModelConfig | None = field(default_factory=lambda: ModelConfig(DEFAULT_DRAFT, quantization="auto"))
+    draft: ModelConfig | None = field(default_factory=lambda: ModelConfig.for_role("draft", DEFAULT_DRAFT))
     """The proposer (int4/int8 on CPU by default: models/quantized.py); None for target-only serving."""
     num_speculative_tokens: int = 4
     """k: drafts proposed per round when a request does not say. 0 = target-only."""
@@ -33,15 +34,17 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    prompt: str | None = None
+    prompt: str | None = field(default=None, metadata=NO_FLAG)
     """Raw text, tokenized as the model's tokenizer does by default (no chat template)."""
     messages: tuple[tuple[str, str], ...] | None = None
     """(role, content) pairs, rendered with the model's chat template. Exactly one of prompt/messages."""
     prompt_token_ids: tuple[int, ...] | None = None
     """Already-tokenized prompt (used by benchmarks and the services)."""
     max_tokens: int = 128
+    """Tokens to generate at most."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()
+    stop: tuple[str, ...] = field(default=(), metadata=flag(one_per_flag=True))
+    """Stop strings: generation ends before the first occurrence of any (`--stop` once per string)."""
     num_speculative_tokens: int | None = None
     """Overrides the engine's k for this request; 0 = target-only."""
     ignore_eos: bool = False
@@ -56,11 +59,16 @@ class GenerationRequest:
         StopConditions(self.max_tokens, stop=self.stop)  # validates max_tokens and stop strings
 
 
+DRAFT_ONLY_SETTINGS = ("draft_slots", "draft_slot_tokens", "prompt_lookup_max", "prompt_lookup_min")
+"""The WorkerServiceConfig fields a target ignores (and `python -m target_service` has no flag for)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerServiceConfig:
-    """One draft or target gRPC server."""
+    """One draft or target gRPC server: the one declaration of a worker's settings (`python -m draft_service`
+    flags and a deployment role's keys derive from it)."""
 
-    model: ModelConfig
+    model: ModelConfig = field(metadata=NO_FLAG)
     host: str = "127.0.0.1"
     """Interface to listen on; loopback unless deliberately opened (0.0.0.0 / [::])."""
     port: int = 0
@@ -71,7 +79,7 @@ class WorkerServiceConfig:
     """A session unused this long is evicted; its next use gets NOT_FOUND and the orchestrator prefills again."""
     max_batch_size: int = 16
     """Sessions served by one forward pass at most (continuous batching of Verify / Propose calls)."""
-    tls: TLSConfig | None = None
+    tls: TLSConfig | None = field(default=None, metadata=NO_FLAG)
     """Serve over TLS; with require_client_auth and allowed_peers, only the orchestrator may call. None:
     plaintext (loopback and trusted networks only)."""
     prefill_chunk_tokens: int = 256
@@ -84,7 +92,10 @@ class WorkerServiceConfig:
     prompt_lookup_max: int = 4
     """A prompt-lookup draft (`ngram`, `MODEL+ngram`): the longest suffix n-gram it looks up (vLLM's name)."""
     prompt_lookup_min: int = 2
-    """... and the shortest. Ignored by other workers."""
+    """A prompt-lookup draft: the shortest suffix n-gram it looks up. Ignored by other workers."""
+    cpu_threads: int | None = None
+    """Torch threads for CPU inference; None: every core of the node for a target, a quarter for a draft
+    (specserve.models.loading.cpu_threads; `python -m *_service` follows OMP_NUM_THREADS where it is set)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -103,6 +114,8 @@ class WorkerServiceConfig:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, "
                              f"{self.prompt_lookup_max}")  # fmt: skip
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
 
     def slot_cache(self) -> SlotCacheConfig:
         """The draft's slot pool: on CUDA (as SlotCacheConfig decides) unless draft_slots is 0."""

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from specserve.flags import flags_for
 from specserve.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -33,11 +34,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _worker_command(role: str, model: ModelConfig, port: int) -> list[str]:
-    command = [sys.executable, "-m", f"{role}_service", "--model", model.name, "--port", str(port)]
-    command += ["--dtype", model.dtype, "--device", model.device, "--quantization", model.quantization]
-    command += ["--trust-remote-code"] if model.trust_remote_code else []
-    command += [] if model.few_query_attention else ["--no-few-query-attention"]
-    return command + ([] if model.pack_weights else ["--no-pack-weights"])
+    """`python -m {role}_service` loading `model` on `port` (cli.worker_parser reads the flags back)."""
+    return [sys.executable, "-m", f"{role}_service", *flags_for(model), "--port", str(port)]
 
 
 def extra_draft_role(name: str) -> str:

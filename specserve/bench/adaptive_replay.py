@@ -1,6 +1,6 @@
 """Replays the adaptive-k policy against a load sweep's measurements, in seconds instead of an hour.
 
-A served sweep (`specserve bench --concurrency ... --modes target-only k=1 ... k=8 --json`) measures, per
+A served sweep (`specserve bench load --concurrency ... --modes target-only k=1 ... k=8 --json`) measures, per
 load, each fixed k's throughput and per-position acceptance. From them this module rebuilds what the
 policy sees: a session round at (load, k) lasts `load x tokens per round / throughput` seconds, with the
 acceptance of the deepest window's rows, and noise and stalls (another request's prefill holding the

@@ -15,8 +15,9 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from specserve.flags import add_config_flags, build_from_flags, flag
 from specserve.launcher import Workers, free_port, worker_processes
-from specserve.models.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig
+from specserve.models.config import ModelConfig
 
 if TYPE_CHECKING:
     from specserve.models.loading import LoadedModel
@@ -38,11 +39,13 @@ class FailoverConfig:
     target: ModelConfig
     draft: ModelConfig | None
     num_streams: int = 3
+    """Concurrent greedy streams."""
     max_tokens: int = 160
+    """Tokens each stream generates."""
     kill_after_tokens: int = 60
     """The replica is killed once every stream has this many tokens."""
-    num_speculative_tokens: int | None = None
-    """None: the server's default (adaptive k)."""
+    num_speculative_tokens: int | None = field(default=None, metadata=flag("-k", "--num-speculative-tokens"))
+    """Fixed k; None: the server's default (adaptive k)."""
     ignore_eos: bool = True
     """Streams run to max_tokens, so the kill lands mid-stream."""
 
@@ -192,37 +195,30 @@ def format_table(config: FailoverConfig, result: FailoverResult) -> str:
     return "\n".join(lines)
 
 
+RUN_FLAGS = ("num_streams", "max_tokens", "kill_after_tokens", "num_speculative_tokens", "ignore_eos")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from specserve.cli import add_model_flags
+
     parser = argparse.ArgumentParser(prog="python -m specserve.bench.failover", description=__doc__)
-    parser.add_argument("--target", "--model", default="qwen2.5-coder-1.5b", help="preset, HF model id or directory")
-    parser.add_argument("--draft", default="qwen2.5-coder-0.5b", help="preset, HF id or directory; 'none': target-only")
-    for role in ("target", "draft"):
-        parser.add_argument(f"--{role}-dtype", default="auto", choices=["auto", *DTYPE_NAMES])
-        parser.add_argument(f"--{role}-device", default="auto")
-    parser.add_argument("--draft-quantization", default="auto", choices=QUANTIZATIONS)
-    parser.add_argument("--num-streams", type=int, default=3, help="concurrent greedy streams")
-    parser.add_argument("--max-tokens", type=int, default=160)
-    parser.add_argument("--kill-after-tokens", type=int, help="kill once every stream has this many (default: 3/8 "
-                        "of --max-tokens)")  # fmt: skip
-    parser.add_argument("-k", "--num-speculative-tokens", type=int, help="fixed k (default: the server's adaptive k)")
-    parser.add_argument("--stop-at-eos", action="store_true", help="streams end at EOS (default: run to max tokens)")
+    add_model_flags(parser, k=False)
+    add_config_flags(parser.add_argument_group("run (FailoverConfig)"), FailoverConfig, only=RUN_FLAGS)
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specserve.cli import role_model
     from specserve.logs import configure_logging
 
     args = build_parser().parse_args(argv)
     configure_logging(logging.INFO)
-    draft = None
-    if args.draft.lower() != "none":
-        draft = ModelConfig(args.draft, args.draft_device, args.draft_dtype, quantization=args.draft_quantization)
     try:
-        config = FailoverConfig(
-            ModelConfig(args.target, args.target_device, args.target_dtype), draft, args.num_streams, args.max_tokens,
-            args.kill_after_tokens or args.max_tokens * 3 // 8, args.num_speculative_tokens, not args.stop_at_eos,
-        )  # fmt: skip
+        draft = None if args.draft.lower() == "none" else role_model(args, "draft", args.draft)
+        kill_after = {} if args.max_tokens is None else {"kill_after_tokens": args.max_tokens * 3 // 8}
+        config = build_from_flags(FailoverConfig, args, RUN_FLAGS, target=role_model(args, "target", args.target),
+                                  draft=draft, **kill_after)  # fmt: skip
     except ValueError as error:
         print(f"specserve.bench.failover: error: {error}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""`specserve bench --concurrency N ...`: closed-loop clients streaming back-to-back requests through a
+"""`specserve bench load --concurrency N ...`: closed-loop clients streaming back-to-back requests through a
 served stack, per mode (target-only, fixed k, adaptive, with or without the draft's early stop): aggregate
 output tokens/s, latency p50/p99, TTFT, TPOT, acceptance (per position too), draft time hidden by
 overlap, the bound speculation could reach and the efficiency against it, and identity with target-only."""

@@ -1,8 +1,8 @@
 """PNG plots from the benchmark JSON files: `python -m specserve.bench.plots --out results/plots`.
 
-speedup-vs-k.png            from `specserve bench --json` (specserve and HF assisted, per k), plus the served
+speedup-vs-k.png            from `specserve bench latency --json` (specserve and HF assisted, per k), plus the served
                             stack at one client from a `--concurrency 1 --modes k=1 k=2 ...` run
-throughput-vs-concurrency.png  from `specserve bench --concurrency ... --json` (per mode)
+throughput-vs-concurrency.png  from `specserve bench load --concurrency ... --json` (per mode)
 speedup-vs-k-by-load.png    from that k sweep run at several concurrencies: one line per load, adaptive
                             marked at its mean k
 acceptance-by-category.png  from a `--categories` run (acceptance and speedup per category and mode)

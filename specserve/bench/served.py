@@ -1,4 +1,4 @@
-"""The served stack for `specserve bench --served`: draft and target services in child processes,
+"""The served stack for `specserve bench latency --served`: draft and target services in child processes,
 orchestrators of each kind over them in this process, called through the gRPC client.
 (Processes rather than Ray actors: the same servers, with nothing else on the bench's two cores.)"""
 

@@ -25,6 +25,7 @@ from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.bench.load import _percentile
 from specserve.config import GenerationRequest
+from specserve.flags import NO_FLAG, add_config_flags, build_from_flags, flag
 from specserve.launcher import free_port, worker_processes
 from specserve.models.loading import ModelConfig, load_model
 
@@ -43,18 +44,25 @@ RSS_GROWTH_FLOOR_MIB = 16.0
 @dataclass
 class SoakConfig:
     target: str = "tiny"
+    """The target: a preset, a Hugging Face model id or a directory."""
     draft: str | None = "tiny-draft"
+    """The draft, likewise; None (`--draft none`): target-only."""
     clients: int = 32
+    """Concurrent streaming clients."""
     requests: int = 1000
     """Requests in total, over all clients."""
     time_limit_s: float = 1800.0
     """Clients stop taking new requests after this; the run then counts as incomplete."""
-    k: int | None = None
-    """None: the server's adaptive k."""
+    k: int | None = field(default=None, metadata=flag("-k", "--num-speculative-tokens", metavar="K"))
+    """Fixed k for every request; None: the server's adaptive k."""
     warmup_fraction: float = 0.2
     """RSS is compared from when this fraction of the requests has completed to the end."""
-    orchestrator_flags: list[str] = field(default_factory=list)
+    orchestrator_flags: list[str] = field(default_factory=list, metadata=NO_FLAG)
     """Extra `python -m orchestrator` flags, e.g. ["--max-concurrent-requests", "8"]."""
+
+    def __post_init__(self) -> None:
+        if self.clients < 1 or self.requests < 1:
+            raise ValueError(f"clients and requests must be >= 1, got {self.clients} and {self.requests}")
 
 
 @dataclass
@@ -345,22 +353,18 @@ def format_result(result: SoakResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.soak", description=__doc__)
-    defaults = SoakConfig()
-    parser.add_argument("--target", default=defaults.target)
-    parser.add_argument("--draft", default=defaults.draft, help="'none' for target-only")
-    parser.add_argument("--clients", type=int, default=defaults.clients, help="concurrent streaming clients")
-    parser.add_argument("--requests", type=int, default=defaults.requests, help="requests in total")
-    parser.add_argument("--time-limit-s", type=float, default=defaults.time_limit_s)
-    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="default: adaptive")
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.soak", description=__doc__,
+                                     epilog="Other flags go to `python -m orchestrator`.")  # fmt: skip
+    add_config_flags(parser, SoakConfig)
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     args, orchestrator_flags = parser.parse_known_args(argv)  # the rest goes to `python -m orchestrator`
-    if args.clients < 1 or args.requests < 1:
-        parser.error("--clients and --requests must be >= 1")
-    config = SoakConfig(
-        args.target, None if args.draft.lower() == "none" else args.draft, args.clients, args.requests,
-        args.time_limit_s, args.num_speculative_tokens, orchestrator_flags=orchestrator_flags,
-    )  # fmt: skip
+    base: dict[str, object] = {"orchestrator_flags": orchestrator_flags}
+    if args.draft is not None and args.draft.lower() == "none":
+        args.draft, base["draft"] = None, None  # target-only
+    try:
+        config = build_from_flags(SoakConfig, args, **base)
+    except ValueError as error:
+        parser.error(str(error))
     result = run_soak(config)
     print(format_result(result), flush=True)
     if args.json:

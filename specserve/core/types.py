@@ -16,9 +16,13 @@ class SamplingParams:
     """How tokens are chosen. temperature == 0 means greedy (argmax)."""
 
     temperature: float = 0.0
+    """0: greedy (argmax); else the softmax temperature the tokens are sampled at."""
     top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k filter
+    """Nucleus sampling: sample from the likeliest tokens whose probabilities add up to this (1: off)."""
+    top_k: int = 0
+    """Sample from the k likeliest tokens (0: off)."""
     seed: int | None = None
+    """A seeded sample reproduces its output; None: fresh randomness."""
 
     def __post_init__(self) -> None:
         if not (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):

@@ -4,9 +4,11 @@ the CLI builds its flags and checks its input from this module before anything h
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from specserve.flags import flag
 
 if TYPE_CHECKING:
     import torch
@@ -14,24 +16,26 @@ if TYPE_CHECKING:
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4", "auto")
 ENGINES = ("auto", "torch", "llama.cpp")
+ROLE_QUANTIZATION = {"draft": "auto", "target": "none"}
+"""A role's quantization unless its config says: a draft's proposals may be approximate, a target's not."""
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Which model to load, where and how."""
 
-    name: str
+    name: str = field(metadata=flag("--model", metavar="NAME"))
     """A preset name (`specserve models list`), a Hugging Face model id, or a local directory."""
-    device: str = "auto"
+    device: str = field(default="auto", metadata=flag(metavar="DEVICE"))
     """`auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:N`."""
-    dtype: str = "auto"
+    dtype: str = field(default="auto", metadata=flag(choices=("auto", *DTYPE_NAMES)))
     """`auto`, `float32`, `bfloat16`, `float16`. `auto` is bfloat16 on CUDA and on CPUs with native bfloat16
     matmul (AMX/AVX512-BF16: measured 1.3x faster decode than float32 for the 1.5B target), else float32:
     on AVX-512 without BF16 instructions oneDNN emulates bfloat16, and there the 1.5B target's 5-token
     window took 700 ms in bfloat16 against 280 ms in float32 (its step 210 against 228 ms)."""
     trust_remote_code: bool = False
     """Run modelling code shipped with a Hugging Face model. Off unless explicitly asked for."""
-    quantization: str = "none"
+    quantization: str = field(default="none", metadata=flag(choices=QUANTIZATIONS))
     """`none`, `int8` (dynamic int8 weights for every Linear layer, CPU only), `int4` (int4 weights for decode
     steps, int8 for longer passes, bfloat16 activations; CPU only: models/quantized.py), or `auto` (int4 on
     AVX-512 CPUs, int8 on other CPUs, none on GPUs). Meant for drafts, whose proposals may be
@@ -46,14 +50,18 @@ class ModelConfig:
     (models/packing.py; each layer's outputs checked against the plain layer's, bit for bit in bfloat16;
     measured: the 1.5B target's decode step in bfloat16 175 -> 139 ms on an AMX Xeon; in float32 on a
     2-core AVX2 EPYC, a decode step 541 -> 472 ms and a 5-token window 1607 -> 627 ms)."""
-
-    engine: str = "auto"
+    engine: str = field(default="auto", metadata=flag(choices=ENGINES))
     """What runs the passes: `torch` (transformers' model in the dtype and quantization above), `llama.cpp`
     (the GGUF file's own weights and llama.cpp's CPU kernels: GGUF presets, a `.gguf` path, or the tiny test
     models written as float32 GGUF), or `auto`: llama.cpp for a GGUF model on the CPU when neither `dtype`
     nor `quantization` asks for a torch format, else torch."""
     kv_cache_tokens: int = 8192
     """llama.cpp engine: KV cache cells shared by all sessions of a worker (one cell per token per session)."""
+
+    @classmethod
+    def for_role(cls, role: str, name: str) -> ModelConfig:
+        """`name` with the role's defaults (ROLE_QUANTIZATION)."""
+        return cls(name, quantization=ROLE_QUANTIZATION[role])
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

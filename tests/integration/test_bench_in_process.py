@@ -43,7 +43,7 @@ def test_a_benchmark_records_the_machine_it_ran_on() -> None:
 
 
 def test_a_terminated_load_benchmark_stops_its_workers() -> None:
-    command = [sys.executable, "-m", "specserve.cli", "bench", "--model", "tiny", "--draft", "tiny-draft",
+    command = [sys.executable, "-m", "specserve.cli", "bench", "load", "--model", "tiny", "--draft", "tiny-draft",
                "--concurrency", "1", "--duration", "600", "--max-tokens", "8"]  # fmt: skip
     bench = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     children = Path(f"/proc/{bench.pid}/task/{bench.pid}/children")

@@ -87,7 +87,7 @@ def test_the_ray_actor_serves_a_lookup_draft_without_loading_a_model() -> None:
     from specserve.config import WorkerServiceConfig
     from specserve.models.loading import ModelConfig
 
-    actor = WorkerActor("draft", WorkerServiceConfig(ModelConfig("ngram"), host="127.0.0.1"), cpu_threads=1)
+    actor = WorkerActor("draft", WorkerServiceConfig(ModelConfig("ngram"), host="127.0.0.1", cpu_threads=1))
     actor.start()
     try:
         deadline = time.monotonic() + 60

@@ -3,6 +3,7 @@ spellings, and the banner's words for it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,15 @@ def test_stray_arguments_get_the_commands_usage(capsys: pytest.CaptureFixture[st
 def test_generate_flags_and_every_flag_has_help() -> None:
     args = build_parser().parse_args(["generate", "--ignore-eos", "hi"])
     assert args.ignore_eos and args.prompt == "hi"
-    for argv in (["generate", "hi"], ["serve"], ["bench"], ["models", "list"], ["scale", "--address", "x:1"]):
+    for argv in (
+        ["generate", "hi"],
+        ["serve"],
+        ["bench", "latency"],
+        ["bench", "load", "--concurrency", "1"],
+        ["bench", "rate", "--request-rate", "1"],
+        ["models", "list"],
+        ["scale", "--address", "x:1"],
+    ):
         command = build_parser().parse_args(argv).command_parser
         assert [a.dest for a in command._actions if not a.help] == [], argv
 
@@ -88,3 +97,51 @@ def test_replica_lines_count_sessions(capsys: pytest.CaptureFixture[str]) -> Non
     _print_replicas(pb.ReplicaSet(replicas=replicas, desired_target_replicas=2))
     out = capsys.readouterr().out
     assert " 1 session\n" in out and " 2 sessions\n" in out
+
+
+def test_each_serve_flag_lands_on_its_field() -> None:
+    config = serve_config("--address", "auto", "--target-num-gpus", "1", "--draft-replicas", "2", "--draft-dtype",
+                          "float32", "--trust-remote-code", "--no-pipeline", "--draft-timeout-s", "2", "--http-port",
+                          "0", "--tls-dir", "certs", "--api-key-file", "key")  # fmt: skip
+    assert config.ray.address == "auto" and config.target.num_gpus == 1
+    assert config.draft is not None and config.draft.replicas == 2 and config.draft.model.dtype == "float32"
+    assert config.target.model.trust_remote_code and config.draft.model.trust_remote_code
+    assert (config.orchestrator.pipelined, config.orchestrator.draft_timeout_s, config.orchestrator.http_port) == (
+        False, 2.0, 0)  # fmt: skip
+    assert (config.security.tls_dir, config.security.api_key_file) == ("certs", "key")
+    assert serve_config() == DeployConfig()  # no flag given: the dataclasses' defaults, nothing else
+
+
+def test_bench_subcommands_build_their_configs() -> None:
+    from specserve.bench.command import LOAD_FLAGS, RATE_FLAGS, SWEEP_FLAGS
+    from specserve.bench.config import BenchConfig, SweepConfig
+    from specserve.flags import build_from_flags
+
+    args = build_parser().parse_args(["bench", "latency", "--model", "tiny", "--ks", "4", "--no-hf", "--early-stop",
+                                      "0.3", "--served", "--no-in-process", "--category", "edit", "code"])  # fmt: skip
+    assert build_from_flags(BenchConfig, args) == BenchConfig(
+        target="tiny", ks=(4,), hf=False, stop_threshold=0.3, served=True, in_process=False, categories=("edit", "code")
+    )
+    args = build_parser().parse_args(["bench", "load", "--concurrency", "1", "4", "--duration", "60", "--warmup",
+                                      "30", "--modes", "k=4", "adaptive@ngram", "--drafts", "ngram"])  # fmt: skip
+    sweep = build_from_flags(SweepConfig, args, SWEEP_FLAGS + LOAD_FLAGS)
+    assert (sweep.concurrency, sweep.duration_s, sweep.warmup_s) == ((1, 4), 60, 30)
+    assert sweep.modes == ("k=4", "adaptive@ngram")
+    args = build_parser().parse_args(["bench", "rate", "--request-rate", "0.5", "2", "--num-requests", "8"])
+    assert build_from_flags(SweepConfig, args, SWEEP_FLAGS + RATE_FLAGS) == SweepConfig(request_rate=(0.5, 2),
+                                                                                       num_requests=8)  # fmt: skip
+    with pytest.raises(SystemExit):  # a rate sweep has no concurrency
+        build_parser().parse_args(["bench", "rate", "--request-rate", "1", "--concurrency", "2"])
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"concurrency": (1,), "repeats": 0}, "repeats must be >= 1"),
+    ({"concurrency": (1,), "modes": ("adaptive@ngram",)}, "drafts ['ngram'] that drafts does not start"),
+    ({"concurrency": (1,), "check_ties": True, "temperature": 0.7}, "check_ties compares greedy outputs"),
+    ({}, "needs concurrency (closed loop) or request_rate (open loop)"),
+])  # fmt: skip
+def test_a_bad_sweep_is_refused_by_field(settings: dict, message: str) -> None:
+    from specserve.bench.config import SweepConfig
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SweepConfig(**settings)

@@ -9,6 +9,7 @@ import pytest
 
 from deploy.config import LOOKUP_NUM_CPUS, RoleConfig, config_from_dict, load_config
 from deploy.serve import _demand, _on_this_machine
+from specserve.config import WorkerServiceConfig
 from specserve.models.loading import ModelConfig
 
 CONFIGS = Path(__file__).parents[2] / "deploy" / "configs"
@@ -33,6 +34,17 @@ def test_flags_override_the_file_and_none_drops_the_draft() -> None:
     assert config.target.model.name == "Qwen/Qwen2.5-Coder-7B-Instruct"  # untouched fields stay
     assert config.draft is not None and config.draft.num_gpus == 0.5  # None means "not given"
     assert load_config(CONFIGS / "cluster.yaml", {"draft": "none"}).draft is None
+
+
+def test_a_role_nests_its_worker_settings_and_keeps_the_file_flat() -> None:
+    config = config_from_dict({"draft": {"model": "tiny-draft", "max_sessions": 7, "cpu_threads": 2, "replicas": 3}})
+    assert config.draft is not None and config.draft.replicas == 3
+    assert config.draft.worker == WorkerServiceConfig(ModelConfig("tiny-draft", quantization="auto"), max_sessions=7,
+                                                      cpu_threads=2)  # fmt: skip
+    service = config.draft.service("10.0.0.1")
+    assert (service.host, service.max_sessions, service.cpu_threads) == ("10.0.0.1", 7, 2)
+    with pytest.raises(ValueError, match=r"target: unknown key\(s\) \['port'\]"):  # set for each replica at start
+        config_from_dict({"target": {"port": 1}})
 
 
 def test_a_model_name_alone_keeps_the_roles_defaults() -> None:
@@ -72,9 +84,10 @@ def test_bad_files_are_refused(tmp_path: Path) -> None:
 
 
 def test_ray_resources_per_replica() -> None:
-    role = RoleConfig(ModelConfig("m"), num_gpus=0.5, num_cpus=2, resources={"small_gpu": 0.5}, accelerator_type="L4")
+    worker = WorkerServiceConfig(ModelConfig("m"))
+    role = RoleConfig(worker, num_gpus=0.5, num_cpus=2, resources={"small_gpu": 0.5}, accelerator_type="L4")
     assert role.ray_resources() == {"CPU": 2, "GPU": 0.5, "small_gpu": 0.5, "accelerator_type:L4": 0.001}
-    assert RoleConfig(ModelConfig("m"), num_cpus=0).ray_resources() == {}
+    assert RoleConfig(worker, num_cpus=0).ray_resources() == {}
 
 
 def test_a_lookup_draft_asks_for_no_gpu_and_little_cpu() -> None:

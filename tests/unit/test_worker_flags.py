@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.cli import worker_model, worker_parser
+from specserve.cli import worker_config, worker_parser
 from specserve.launcher import _worker_command
 from specserve.models.loading import ModelConfig
 
@@ -21,8 +21,21 @@ VARIANTS = [
 def test_a_launched_worker_loads_the_model_config_it_was_given(role: str, model: ModelConfig) -> None:
     command = _worker_command(role, model, 50061)
     assert command[1:3] == ["-m", f"{role}_service"]
-    args = worker_parser(role).parse_args(command[3:])
-    assert worker_model(args) == model and args.port == 50061
+    config = worker_config(role, worker_parser(role).parse_args(command[3:]))
+    assert config.model == model and config.port == 50061
+
+
+@pytest.mark.parametrize(("role", "quantization"), [("draft", "auto"), ("target", "none")])
+def test_a_worker_without_settings_gets_its_roles_defaults(role: str, quantization: str) -> None:
+    from specserve.config import WorkerServiceConfig
+
+    config = worker_config(role, worker_parser(role).parse_args(["--model", "tiny"]))
+    assert config == WorkerServiceConfig(ModelConfig("tiny", quantization=quantization))
+    argv = ["--model", "tiny", "--max-sessions", "3", "--cpu-threads", "2", "--tls-cert", "c", "--tls-key", "k"]
+    config = worker_config(role, worker_parser(role).parse_args(argv))
+    assert (config.max_sessions, config.cpu_threads, config.tls and config.tls.cert) == (3, 2, "c")
+    with pytest.raises(ValueError, match="cpu_threads must be >= 1"):
+        worker_config(role, worker_parser(role).parse_args(["--model", "tiny", "--cpu-threads", "0"]))
 
 
 def test_the_draft_slot_pool_is_on_for_cuda_drafts_unless_turned_off() -> None:
