@@ -62,6 +62,11 @@ class BenchConfig:
     extra_drafts: tuple[str, ...] = field(default=(), metadata=flag("--drafts", metavar="DRAFT"))
     """With `served`: more draft services over the same target worker, each measured at adaptive k and at
     each k of `ks`, e.g. `ngram` (prompt lookup) or `MODEL+ngram` (the hybrid)."""
+    peer_llama_cpp: str | None = field(default=None, metadata=flag("--peer-llama-cpp", metavar="BIN_DIR"))
+    """Also run llama.cpp as a peer on the same GGUF files: llama-server from this llama.cpp build's bin folder
+    (scripts/build_llama_cpp.sh builds the pinned version), as target-only, speculation and prompt lookup."""
+    llama_cpp_draft_max: tuple[int, ...] = field(default=(3, 8), metadata=flag(metavar="N"))
+    """llama.cpp's speculation modes: one per draft length (its --spec-draft-n-max)."""
     served_variants: tuple[str, ...] | None = field(
         default=None, metadata=flag(choices=tuple(SERVED_MODE_SUFFIXES), metavar="VARIANT")
     )

@@ -9,6 +9,7 @@ the version pinned there); each request is timed end to end, as the served modes
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -18,6 +19,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from specserve.bench.config import BenchConfig
+from specserve.bench.runner import ModeResult, Prompt, RunOutput, Runner
+from specserve.models.config import default_home
+from specserve.models.draft_names import parse_draft_name
+from specserve.models.fetch import ensure_gguf
+from specserve.models.registry import SplitGGUF, get_preset
 
 SERVER_BINARY = "llama-server"
 START_TIMEOUT_S = 300.0
@@ -105,3 +113,37 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def llama_cpp_modes(stack: ExitStack, cfg: BenchConfig, home: Path | None) -> list[tuple[ModeResult, Runner]]:
+    """The peer's modes for `specserve bench latency --peer-llama-cpp BIN_DIR`, servers kept up by `stack`."""
+    assert cfg.peer_llama_cpp is not None
+    home = home or default_home()
+    draft_name, _ = parse_draft_name(cfg.draft)
+    draft = gguf_path(draft_name, home) if draft_name else None
+    threads = os.cpu_count() or 1
+    target = gguf_path(cfg.target, home)
+    modes = peer_modes(draft, cfg.llama_cpp_draft_max, lookup=True)
+    settings = f"llama.cpp {target.name}, {threads} threads (llama-server)"
+    return [
+        (ModeResult(mode.name, "target-only" if not mode.args else "peer", 0, settings), _runner(server, cfg))
+        for mode, server in start_all(stack, Path(cfg.peer_llama_cpp), target, modes, threads)
+    ]
+
+
+def gguf_path(name: str, home: Path) -> Path:
+    """The GGUF file of a preset (fetched and verified) or a `.gguf` path."""
+    preset = get_preset(name)
+    if preset is not None and isinstance(preset.source, SplitGGUF):
+        return ensure_gguf(preset.source, home / "gguf")
+    if name.endswith(".gguf") and Path(name).is_file():
+        return Path(name)
+    raise ValueError(f"the llama.cpp peer runs GGUF files: {name!r} is neither a GGUF preset nor a .gguf file")
+
+
+def _runner(server: LlamaServer, cfg: BenchConfig) -> Runner:
+    def run(prompt: Prompt) -> RunOutput:
+        token_ids, seconds = server.complete(prompt.text, cfg.max_tokens, cfg.ignore_eos)
+        return token_ids, seconds, None, 0
+
+    return run

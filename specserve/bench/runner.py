@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from specserve.bench.config import BenchConfig
-from specserve.bench.lossless import ReferenceDecoder, first_divergence
+from specserve.bench.lossless import ReferenceDecoder, first_difference, first_divergence
 from specserve.bench.peer import hf_generate
 from specserve.bench.theory import expected_speedup
 from specserve.config import GenerationRequest
@@ -114,7 +114,8 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
             extra = [ModelConfig(name, quantization=cfg.draft_quantization) for name in cfg.extra_drafts]
             served = stack.enter_context(ServedStack(target_config, draft_config, extra_drafts=extra))
         # without in-process modes the served stack holds specserve's target; the peer gets the one transformers ships
-        target = load_model(target_config if cfg.in_process else _as_shipped(cfg), home)
+        # in process, or with no HF peer: ours (output checks on the served engine); else as transformers ships it
+        target = load_model(target_config if cfg.in_process or not cfg.hf else _as_shipped(cfg), home)
         draft = load_model(draft_config, home)
         texts = workload_texts(cfg, target)
         prompts = [Prompt(t, target.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
@@ -122,7 +123,7 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
             modes = _modes(cfg, target, draft, home)
         else:
             modes = _peer_modes(cfg, [(target, " plain")], draft) if cfg.hf else []
-            if cfg.served:
+            if cfg.served and target.engine == "torch":
                 modes += _other_dtype_baselines(cfg, target.dtype, home)  # the as-shipped target's: the served one's
         if cfg.served:
             from orchestrator.service import OrchestratorConfig
@@ -149,6 +150,10 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
             modes.append((ModeResult("remote target-only", "served", 0, remote), client_runner(client, 0, cfg)))
             for k in cfg.ks:
                 modes.append((ModeResult(f"remote k={k}", "served", k, remote), client_runner(client, k, cfg)))
+        if cfg.peer_llama_cpp is not None:
+            from specserve.bench.llama_cpp_peer import llama_cpp_modes
+
+            modes += llama_cpp_modes(stack, cfg, home)
         for _, runner in modes:  # warm-up: first calls pay one-off allocation and kernel selection
             runner(Prompt(prompts[0].text[:48], prompts[0].token_ids[:16]))
         _measure(prompts, modes)
@@ -194,8 +199,10 @@ def _modes(
     cfg: BenchConfig, target: LoadedModel, draft: LoadedModel, home: Path | None
 ) -> list[tuple[ModeResult, Runner]]:
     modes: list[tuple[ModeResult, Runner]] = []
+    if target.engine != "torch":
+        modes.append(_target_only(cfg, _dtype(target), target))
     for dtype in cfg.baseline_dtypes:
-        same = ModelConfig(cfg.target, dtype=dtype).resolve_dtype(target.device) == target.dtype
+        same = target.engine == "torch" and ModelConfig(cfg.target, dtype=dtype).resolve_dtype(target.device) == target.dtype
         modes.append(
             _target_only(cfg, dtype, target if same else load_model(ModelConfig(cfg.target, dtype=dtype), home))
         )
@@ -209,17 +216,20 @@ def _modes(
         for k in cfg.ks:
             mode = ModeResult(f"specserve k={k}+stop", "speculative", k, stop_settings)
             modes.append((mode, _ours(stopping, k, cfg)))
+    # transformers' generate() needs transformers' models: torch-engine copies where ours run llama.cpp
+    hf_target = target if target.engine == "torch" else load_model(_torch_engine(cfg.target, cfg.target_dtype), home)
     if cfg.hf:
-        targets = [(target, "")]
-        packed = any(isinstance(m, PackedLinear) for m in target.model.modules())
-        if cfg.hf_plain_target and (packed or target.model.config._attn_implementation == ATTENTION):
+        hf_draft = draft if draft.engine == "torch" else load_model(_torch_engine(cfg.draft, "auto", "auto"), home)
+        targets = [(hf_target, "")]
+        packed = any(isinstance(m, PackedLinear) for m in hf_target.model.modules())
+        if cfg.hf_plain_target and (packed or hf_target.model.config._attn_implementation == ATTENTION):
             targets.append((load_model(_as_shipped(cfg), home), " plain"))
-        modes += _peer_modes(cfg, targets, draft)
+        modes += _peer_modes(cfg, targets, hf_draft)
     if cfg.hf_fp32_draft:
         fp32_draft = load_model(ModelConfig(cfg.draft, dtype="float32", quantization="none"), home)
         fp32 = f"target {_dtype(target)}, draft {_dtype(fp32_draft)}"
         for k in cfg.hf_ks if cfg.hf else ():
-            peer = _peer(target, fp32_draft, k, cfg)
+            peer = _peer(hf_target, fp32_draft, k, cfg)
             modes.append((ModeResult(f"hf assisted k={k} fp32 draft", "peer", k, fp32), peer))
         ours = _ours(SpeculativeEngine(target, fp32_draft), 4, cfg)
         modes.append((ModeResult("specserve k=4 fp32 draft", "speculative", 4, fp32), ours))
@@ -241,9 +251,13 @@ def _other_dtype_baselines(
     return [_target_only(cfg, dtype, load_model(ModelConfig(cfg.target, dtype=dtype), home)) for dtype in other]
 
 
+def _torch_engine(name: str, dtype: str, quantization: str = "none") -> ModelConfig:
+    return ModelConfig(name, dtype=dtype, quantization=quantization, engine="torch")
+
+
 def _as_shipped(cfg: BenchConfig) -> ModelConfig:
     """The target as transformers ships it: no prepacked weights, no few-query attention."""
-    return ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False, few_query_attention=False)
+    return ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False, few_query_attention=False, engine="torch")
 
 
 def _peer_modes(
@@ -280,6 +294,8 @@ def _measure(prompts: list[Prompt], modes: list[tuple[ModeResult, Runner]]) -> N
 
 
 def _dtype(loaded: LoadedModel) -> str:
+    if loaded.engine == "llama.cpp":
+        return "llama.cpp GGUF"
     return quantization_label(loaded.model) or str(loaded.dtype).removeprefix("torch.")
 
 
@@ -347,12 +363,22 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
             row["mean_acceptance_length"] = round(mode.num_tokens / mode.num_target_passes, 3)
         if mode is not reference and mode.settings.startswith(f"target {_dtype(target)}"):
             row.update(_lossless(decoder, prompts, reference, mode))
+        elif mode.name.startswith("llama.cpp"):  # another engine: how long its greedy output agrees with ours
+            row["agreement_with_target_only"] = _agreement(reference, mode)
         rows.append(row)
     return {
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
         "baseline": fastest.name,
         "target_step_ms": round(1000 * target_step, 1),
         "modes": rows,
+    }
+
+
+def _agreement(reference: ModeResult, mode: ModeResult) -> dict:
+    lengths = [first_difference(ref, out) for ref, out in zip(reference.outputs, mode.outputs)]
+    return {
+        "identical": f"{lengths.count(None)}/{len(lengths)}",
+        "tokens_until_first_difference": [len(ref) if n is None else n for n, ref in zip(lengths, reference.outputs)],
     }
 
 
