@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from draft_service.names import parse_draft_name
 from orchestrator.config import OrchestratorConfig
 from specserve.config import WorkerServiceConfig
 from specserve.models.config import ModelConfig
+from specserve.models.draft_names import parse_draft_name
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.security import TLSConfig, read_api_key
 

@@ -11,11 +11,11 @@ import grpc
 
 from draft_service.hybrid import HybridConfig, HybridWorker
 from draft_service.lookup import LookupConfig, LookupWorker
-from draft_service.names import parse_draft_name
 from draft_service.servicer import DraftServicer
 from draft_service.worker import DraftWorker
 from protos import specserve_pb2 as pb
 from specserve.config import WorkerServiceConfig
+from specserve.models.draft_names import parse_draft_name
 from specserve.models.loading import load_model
 from specserve.rpc import serve_worker
 

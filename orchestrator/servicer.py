@@ -7,14 +7,15 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from orchestrator import generation
 from orchestrator.metrics import GIVEN_UP
 from orchestrator.service import Orchestrator
-from protos import convert, generation
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve import __version__
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 from specserve.rpc import stream_errors, unary_errors
+from specserve.worker import convert
 
 
 class OrchestratorServicer(pb_grpc.OrchestratorServicer):

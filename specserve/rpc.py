@@ -24,7 +24,7 @@ from specserve.logs import RequestIdServerInterceptor
 from specserve.models.tokenizers import TokenizerMismatchError
 from specserve.openmp import release_idle_threads
 from specserve.security import TLSConfig, server_interceptors
-from specserve.sessions import SessionNotFoundError
+from specserve.worker.sessions import SessionNotFoundError
 
 logger = logging.getLogger(__name__)
 

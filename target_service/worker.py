@@ -11,7 +11,7 @@ from specserve.core.verify import TARGET_STREAM, greedy_verify, logits_to_probs,
 from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids
-from specserve.sessions import SessionNotFoundError, SessionStore
+from specserve.worker.sessions import SessionNotFoundError, SessionStore
 
 
 @dataclass(frozen=True, slots=True)

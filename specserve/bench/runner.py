@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
+from inprocess.engine import SpeculativeEngine
 from specserve.bench.lossless import ReferenceDecoder, first_divergence
 from specserve.bench.peer import hf_generate
 from specserve.bench.theory import expected_speedup
 from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
-from specserve.engine import SpeculativeEngine
 from specserve.models.attention import ATTENTION
 from specserve.models.loading import DTYPES, LoadedModel, ModelConfig, load_model
 from specserve.models.packing import PackedLinear
@@ -202,8 +202,8 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
                     modes.append((ModeResult(name, "served", k, settings), served.runner(k, variant, cfg)))
             modes += _extra_draft_modes(cfg, target, served, max_k)
         if cfg.address is not None:
-            from orchestrator.client import SpecServeClient
             from specserve.bench.served import client_runner
+            from specserve_client import SpecServeClient
 
             client = stack.enter_context(SpecServeClient(cfg.address))
             remote = f"the orchestrator at {cfg.address}"

@@ -16,8 +16,8 @@ from specserve.launcher import Workers, extra_draft_role, free_port, worker_proc
 from specserve.models.config import ModelConfig
 
 if TYPE_CHECKING:
-    from orchestrator.client import SpecServeClient
     from specserve.bench.runner import BenchConfig, Prompt, Runner, RunOutput
+    from specserve_client import SpecServeClient
 
 
 PIPELINED, UNPIPELINED, EARLY_STOP = "pipelined", "unpipelined", "early-stop"
@@ -61,10 +61,10 @@ class ServedStack:
         self.tasks: list[asyncio.Future[None]] = []
 
     def __enter__(self) -> ServedStack:
-        from orchestrator.client import SpecServeClient
         from orchestrator.replicas import StaticFleet
         from orchestrator.server import serve
         from orchestrator.service import OrchestratorConfig
+        from specserve_client import SpecServeClient
 
         workers = self.exits.enter_context(
             worker_processes(self.target, self.draft, self.worker_args, self.extra_drafts)

@@ -9,11 +9,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
+from specserve_client import SpecServeClient
 from tests.stack import LocalStack
 
 PROMPTS = ["def f(", "a", "The quick brown fox", "import numpy as np\n", "x = [1, 2, 3]\nfor i in x:\n"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protos import convert, generation
+from orchestrator import generation
 from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
 from specserve.core.types import SamplingParams, SparseProbs
 from specserve.core.verify import DRAFT_SUPPORT_MASS, top_support
+from specserve.worker import convert
 
 
 def _distributions() -> torch.Tensor:

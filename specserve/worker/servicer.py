@@ -6,12 +6,12 @@ from typing import Any
 
 import grpc
 
-from protos import convert
 from protos import specserve_pb2 as pb
 from specserve.core.types import Proposal
 from specserve.models.tokenizers import TokenizerSpec
 from specserve.placement import Placement, this_process
 from specserve.rpc import WorkerServicer, unary_errors
+from specserve.worker import convert
 
 
 class SessionServicer(WorkerServicer):

@@ -1,0 +1,1 @@
+"""The worker runtime: what runs a model for either role (draft or target) behind its gRPC service."""
