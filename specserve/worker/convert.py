@@ -40,7 +40,7 @@ def probs_from_proto(message: pb.SparseProbs, vocab_size: int) -> SparseProbs:
     if any(length < 0 for length in lengths):  # a negative length could still sum up right
         raise ValueError("draft_probs: row_lengths must be >= 0")
     # checked in Python, not by torch reductions: this runs on a worker's event loop thread, and a torch
-    # op large enough to go parallel there would start a second OpenMP team (see specserve.rpc.serve_worker)
+    # op large enough to go parallel there would start a second OpenMP team (see specserve.worker.serve)
     ids, values = list(message.token_ids), list(message.probs)
     if ids and (min(ids) < 0 or max(ids) >= vocab_size):
         raise ValueError(f"draft_probs: token ids must be in [0, {vocab_size})")
