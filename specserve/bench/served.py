@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
+from specserve.bench.config import BenchConfig, Prompt, Runner, RunOutput
 from specserve.core.stats import SpeculationStats
 from specserve.launcher import Workers, extra_draft_role, free_port, worker_processes
 from specserve.models.config import ModelConfig
 
 if TYPE_CHECKING:
-    from specserve.bench.runner import BenchConfig, Prompt, Runner, RunOutput
     from specserve_client import SpecServeClient
 
 

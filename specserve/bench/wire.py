@@ -11,7 +11,7 @@ import statistics
 
 from draft_service.worker import DraftWorker
 from protos import specserve_pb2 as pb
-from specserve.bench.runner import humaneval_prompts
+from specserve.bench.workloads import humaneval_prompts
 from specserve.core.types import SamplingParams
 from specserve.models.loading import ModelConfig, load_model
 from specserve.models.registry import DEFAULT_DRAFT
