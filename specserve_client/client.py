@@ -1,19 +1,14 @@
-"""Python clients of the public API, sync and asyncio. Every call has a deadline.
-
-client = SpecServeClient("127.0.0.1:50051")  # TLS + key: tls=TLSConfig(ca="ca.pem"), api_key="..."
-print(client.generate("def fib(n):", max_tokens=64).text)
-"""
+"""Python clients of the public API, sync and asyncio; every call has a deadline. No model library: grpc,
+protobuf, the generated messages and specserve.security. `SpecServeClient("127.0.0.1:50051").generate(
+"def fib(n):", max_tokens=64).text`; TLS and a key: `tls=TLSConfig(ca="ca.pem"), api_key="..."`."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from orchestrator.generation import generation_request_to_proto
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
-from specserve.config import GenerationRequest
-from specserve.core.types import SamplingParams
 from specserve.security import TLSConfig, aio_channel, client_channel
 
 
@@ -30,16 +25,22 @@ def build_request(
     num_speculative_tokens: int | None = None,
     ignore_eos: bool = False,
 ) -> pb.GenerateRequest:
-    request = GenerationRequest(
-        prompt=prompt,
-        messages=tuple(messages) if messages is not None else None,
+    """The GenerateRequest of these arguments. The server validates it: a bad value comes back as
+    INVALID_ARGUMENT naming the field. Only max_tokens is checked here, since 0 on the wire means the default."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    return pb.GenerateRequest(
+        prompt=prompt or "",
+        messages=[pb.ChatMessage(role=role, content=content) for role, content in messages or ()],
         max_tokens=max_tokens,
-        sampling=SamplingParams(temperature, top_p, top_k, seed),
-        stop=tuple(stop),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop=list(stop),
         num_speculative_tokens=num_speculative_tokens,
         ignore_eos=ignore_eos,
     )
-    return generation_request_to_proto(request)
 
 
 class SpecServeClient:
