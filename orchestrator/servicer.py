@@ -15,7 +15,6 @@ from protos import specserve_pb2_grpc as pb_grpc
 from specserve import __version__
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 from specserve.rpc import stream_errors, unary_errors
-from specserve.worker import convert
 
 
 class OrchestratorServicer(pb_grpc.OrchestratorServicer):
@@ -31,7 +30,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
             text=result.text,
             token_ids=result.token_ids,
             finish_reason=result.finish_reason or "",
-            stats=convert.stats_to_proto(result.stats),
+            stats=generation.stats_to_proto(result.stats),
         )
 
     @stream_errors
@@ -45,7 +44,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
                 text=chunk.text,
                 token_ids=chunk.token_ids,
                 finish_reason=result.finish_reason if final else "",
-                stats=convert.stats_to_proto(result.stats) if final else None,
+                stats=generation.stats_to_proto(result.stats) if final else None,
             )
 
     @unary_errors

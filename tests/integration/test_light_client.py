@@ -19,7 +19,8 @@ with SpecServeClient(address, timeout_s=60) as client:
     generated = client.generate(prompt, max_tokens=max_tokens, num_speculative_tokens=4)
     chunks = client.stream(prompt, max_tokens=max_tokens, num_speculative_tokens=2)
     streamed = [token_id for chunk in chunks for token_id in chunk.token_ids]
-    print(json.dumps({"generated": list(generated.token_ids), "streamed": streamed, "model": client.info().target_model}))
+    model = client.info().target_model
+    print(json.dumps({"generated": list(generated.token_ids), "streamed": streamed, "model": model}))
 """
 
 
