@@ -1,1 +1,3 @@
-"""The worker runtime: what runs a model for either role (draft or target) behind its gRPC service."""
+"""The worker runtime for both roles: model thread, batching, sessions, servicer scaffolding, serve(role,
+config). Named for what it runs, the draft and target workers their services wrap (DraftWorker,
+TargetWorker), and kept short: the services import it on most lines that touch it."""
