@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draft_service.names import parse_draft_name
 from orchestrator.config import OrchestratorConfig
 from specserve.config import WorkerServiceConfig
 from specserve.flags import flag
 from specserve.models.config import ModelConfig
+from specserve.models.draft_names import parse_draft_name
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.security import TLSConfig, read_api_key
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from draft_service.names import NGRAM
 from draft_service.worker import ProposeCall
 from specserve.core.types import Proposal, SamplingParams, SparseProbs
+from specserve.models.draft_names import NGRAM
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
-from specserve.sessions import SessionNotFoundError, SessionStore
+from specserve.worker.sessions import SessionNotFoundError, SessionStore
 
 LOOKUP_SOURCE, MODEL_SOURCE = "ngram", "model"  # ProposeResponse.source
 

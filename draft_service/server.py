@@ -3,21 +3,19 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
 from dataclasses import replace
-
-import grpc
+from typing import Any
 
 from draft_service.hybrid import HybridConfig, HybridWorker
 from draft_service.lookup import LookupConfig, LookupWorker
-from draft_service.names import parse_draft_name
 from draft_service.servicer import DraftServicer
 from draft_service.worker import DraftWorker
 from protos import specserve_pb2 as pb
 from specserve.config import WorkerServiceConfig
+from specserve.models.draft_names import parse_draft_name
 from specserve.models.loading import load_model
-from specserve.rpc import serve_worker
+from specserve.worker.serve import Role
+from specserve.worker.serve import serve as serve_role
 
 SERVICE = pb.DESCRIPTOR.services_by_name["DraftService"]
 
@@ -37,25 +35,9 @@ def make_draft_worker(config: WorkerServiceConfig) -> DraftWorker | LookupWorker
     return DraftWorker(loaded, config.max_sessions, config.idle_ttl_s, config.slot_cache())
 
 
-async def serve(
-    config: WorkerServiceConfig,
-    on_listening: Callable[[str], None] | None = None,
-    stop: asyncio.Event | None = None,
-    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-    on_serving: Callable[[], None] | None = None,
-) -> None:
-    def make_worker() -> DraftWorker | LookupWorker:
-        return make_draft_worker(config)
+DRAFT = Role("draft", SERVICE, DraftServicer, make_draft_worker)
 
-    await serve_worker(
-        DraftServicer(config.max_batch_size, config.prefill_chunk_tokens),
-        SERVICE,
-        make_worker,
-        config.host,
-        config.port,
-        on_listening,
-        stop,
-        interceptors=interceptors,
-        tls=config.tls,
-        on_serving=on_serving,
-    )
+
+async def serve(config: WorkerServiceConfig, **hooks: Any) -> None:
+    """The worker runtime's serve() in the draft role; `hooks` as there (on_listening, stop, ...)."""
+    await serve_role(DRAFT, config, **hooks)

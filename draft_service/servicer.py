@@ -7,13 +7,14 @@ import torch
 
 from draft_service.lookup import LookupWorker
 from draft_service.worker import DraftWorker, ProposeCall
-from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
-from protos.session_servicer import SessionServicer
 from specserve.core.types import Proposal
 from specserve.placement import this_process, usable_cpu_count
-from specserve.rpc import BatchQueue, WorkerServicer, unary_errors
+from specserve.rpc import unary_errors
+from specserve.worker import convert
+from specserve.worker.batching import BatchQueue
+from specserve.worker.servicer import SessionServicer, WorkerServicer
 
 
 class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):

@@ -15,7 +15,7 @@ from specserve.models.sequence import CachedSequence, check_prompt, check_token_
 from specserve.models.slot_cache import SlotCacheConfig, SlotPool, SlotSequence
 from specserve.models.step_graphs import StepGraphs
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
-from specserve.sessions import SessionNotFoundError, SessionStore
+from specserve.worker.sessions import SessionNotFoundError, SessionStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,13 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.placement import Placement
 from specserve.rpc import server_options
 from specserve.security import TLSConfig, aio_channel
+from specserve.worker import convert
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from orchestrator import generation
 from orchestrator.metrics import GIVEN_UP
 from orchestrator.service import Orchestrator
-from protos import convert, generation
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve import __version__
@@ -30,7 +30,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
             text=result.text,
             token_ids=result.token_ids,
             finish_reason=result.finish_reason or "",
-            stats=convert.stats_to_proto(result.stats),
+            stats=generation.stats_to_proto(result.stats),
         )
 
     @stream_errors
@@ -44,7 +44,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
                 text=chunk.text,
                 token_ids=chunk.token_ids,
                 finish_reason=result.finish_reason if final else "",
-                stats=convert.stats_to_proto(result.stats) if final else None,
+                stats=generation.stats_to_proto(result.stats) if final else None,
             )
 
     @unary_errors

@@ -1,1 +1,1 @@
-"""Generated gRPC code for specserve.v1 (regenerate: `make protos`) and its conversions."""
+"""Generated gRPC code for specserve.v1 (regenerate: `make protos`); conversions live with their users."""

@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.client import SpecServeClient  # noqa: E402
 from specserve.certs import make_certs  # noqa: E402
 from specserve.security import TLSConfig  # noqa: E402
+from specserve_client import SpecServeClient  # noqa: E402
 from tests.stack import LocalStack  # noqa: E402
 
 

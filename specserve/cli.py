@@ -114,7 +114,7 @@ def cmd_generate(args: argparse.Namespace, prompt: str | None = None) -> int:
     if args.address:
         return _generate_remote(args, prompt)
     config = _engine_config(args)  # checks the model names before the import below loads torch
-    from specserve.engine import SpeculativeEngine
+    from inprocess.engine import SpeculativeEngine
 
     engine = SpeculativeEngine.from_config(config)
     for chunk in engine.stream(_request(args, prompt)):
@@ -129,8 +129,8 @@ def cmd_generate(args: argparse.Namespace, prompt: str | None = None) -> int:
 def _generate_remote(args: argparse.Namespace, prompt: str) -> int:
     from google.protobuf.json_format import MessageToDict
 
-    from orchestrator.client import SpecServeClient
-    from protos.generation import generation_request_to_proto
+    from orchestrator.generation import generation_request_to_proto
+    from specserve_client import SpecServeClient
 
     request = generation_request_to_proto(_request(args, prompt))
     with SpecServeClient(args.address, **_client_security(args)) as client:

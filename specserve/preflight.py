@@ -9,7 +9,7 @@ import re
 import socket
 from pathlib import Path
 
-from draft_service.names import NGRAM
+from specserve.models.draft_names import NGRAM
 from specserve.models.registry import PRESETS
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

@@ -1,17 +1,15 @@
-"""gRPC plumbing shared by the three servers: one exception -> status mapping, health, reflection,
-message-size limits, graceful stop. Knows grpc, not the specserve protos."""
+"""gRPC transport shared by the three servers: one exception -> status mapping, health, reflection,
+message-size limits, graceful stop, interceptors. Knows grpc, not the specserve protos nor any model
+(the model thread and batching are the worker runtime's: specserve/worker/)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -22,17 +20,14 @@ from grpc_reflection.v1alpha import reflection
 
 from specserve.logs import RequestIdServerInterceptor
 from specserve.models.tokenizers import TokenizerMismatchError
-from specserve.openmp import release_idle_threads
 from specserve.security import TLSConfig, server_interceptors
-from specserve.sessions import SessionNotFoundError
+from specserve.worker.sessions import SessionNotFoundError
 
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 << 20  # a round's payload is O(k); anything near this is an error or an attack
 MAX_STATUS_MESSAGE_CHARS = 1000  # error messages may quote the request (a session id, a stop string)
 T = TypeVar("T")
-C = TypeVar("C")
-R = TypeVar("R")
 
 
 class OverloadedError(RuntimeError):
@@ -130,164 +125,6 @@ def stream_errors(handler: Callable[..., AsyncIterator[T]]) -> Callable[..., Asy
     return wrapper
 
 
-class ModelExecutor:
-    """Runs model calls on one thread: the model is busy with one pass at a time, and the event loop
-    stays free for other RPCs meanwhile. All of a worker's torch compute belongs here, its load included
-    (see serve_worker).
-
-    Two classes of call take turns when both wait: passes (the batched Verify or Propose of the sessions
-    under way) and background work (prompt chunks of new requests). First come, first served, a burst of
-    new requests held the sessions' passes behind every prompt queued before them: at 16 clients on two
-    cores 16 prefills of 2.5 s each came first, a session's Verify waited 30 s, hit its deadline and the
-    replica was taken for failed (its sessions rebuilt by more prefills). Taking turns, a pass waits for
-    at most one prompt chunk, and a prompt chunk for at most one pass."""
-
-    def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self._busy = False
-        self._waiting: dict[bool, deque[asyncio.Future[None]]] = {False: deque(), True: deque()}
-        self._last_background = False
-
-    async def run(self, fn: Callable[..., T], *args: Any, background: bool = False) -> T:
-        """fn(*args) on the model thread; `background`: a prompt chunk, which takes turns with passes."""
-        await self._acquire(background)
-        self._last_background = background
-        future = asyncio.get_running_loop().run_in_executor(self._pool, self._on_model_thread, fn, *args)
-        # released when the thread is done, not when the caller stops waiting: a cancelled caller's call
-        # still holds the model until it returns
-        future.add_done_callback(lambda _: self._release())
-        return await asyncio.shield(future)
-
-    def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            return fn(*args)
-        finally:
-            if not (self._waiting[False] or self._waiting[True]):  # idle now: free the cores (specserve/openmp.py)
-                release_idle_threads()
-
-    async def timed(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
-        """(result, seconds the call computed), the queueing before it excluded."""
-
-        def call() -> tuple[T, float]:
-            started = time.perf_counter()
-            return fn(*args), time.perf_counter() - started
-
-        return await self.run(call)
-
-    async def _acquire(self, background: bool) -> None:
-        if not self._busy:  # then nothing waits: _release hands the model on while anything does
-            self._busy = True
-            return
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting[background].append(granted)
-        try:
-            await granted
-        except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():  # granted, then cancelled: pass the turn on
-                self._release()
-            elif granted in self._waiting[background]:  # else _release dropped it already
-                self._waiting[background].remove(granted)
-            raise
-
-    def _release(self) -> None:
-        """The model is free: the next call, the other class first when both wait."""
-        order = (not self._last_background, self._last_background)
-        for background in order:
-            while self._waiting[background]:
-                granted = self._waiting[background].popleft()
-                if not granted.done():
-                    granted.set_result(None)
-                    return
-        self._busy = False
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-GATHER_FRACTION = 0.2  # of the last pass's time: how long a pass may wait for sessions expected back
-MAX_GATHER_S = 0.05
-
-
-class BatchQueue(Generic[C, R]):
-    """Continuous batching: calls that arrive while the model is busy run together in its next pass.
-
-    Whatever queued during a pass (up to `max_batch_size`, one call per session) forms the next batch.
-    A lone call on an idle model runs at once. Only when sessions of the previous pass are not back yet
-    does a pass wait for them, briefly (a fifth of the last pass, at most 50 ms): without that, two
-    sessions whose calls arrive a round trip apart alternate passes forever instead of sharing them.
-    """
-
-    def __init__(
-        self,
-        executor: ModelExecutor,
-        run_batch: Callable[[list[C]], list[R | Exception]],
-        session_of: Callable[[C], str],
-        max_batch_size: int,
-    ) -> None:
-        self.executor, self.run_batch, self.session_of = executor, run_batch, session_of
-        self.max_batch_size = max_batch_size
-        self._waiting: list[tuple[C, asyncio.Future[tuple[R, float, list[C]]]]] = []
-        self._running = False
-        self._arrived = asyncio.Event()
-        self._last_sessions: set[str] = set()
-        self._last_pass_s = 0.0
-
-    async def submit(self, call: C) -> tuple[R, float, list[C]]:
-        """(result, seconds the batch computed, the calls that shared it); raises the call's own error."""
-        future: asyncio.Future[tuple[R, float, list[C]]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((call, future))
-        self._arrived.set()
-        if not self._running:
-            self._running = True
-            asyncio.ensure_future(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        try:
-            while self._waiting:
-                await self._gather()
-                batch = self._take_batch()
-                calls = [call for call, _ in batch]
-                try:
-                    results, seconds = await self.executor.timed(self.run_batch, calls)
-                except Exception as error:  # noqa: BLE001 - the whole pass failed: every call in it hears why
-                    results, seconds = [error] * len(batch), 0.0
-                self._last_sessions, self._last_pass_s = {self.session_of(c) for c in calls}, seconds
-                for (_, future), result in zip(batch, results):
-                    if future.done():  # the caller went away
-                        continue
-                    if isinstance(result, Exception):
-                        future.set_exception(result)
-                    else:
-                        future.set_result((result, seconds, calls))
-        finally:
-            self._running = False
-
-    async def _gather(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(MAX_GATHER_S, GATHER_FRACTION * self._last_pass_s)
-        while len(self._waiting) < self.max_batch_size:
-            if not self._last_sessions - {self.session_of(call) for call, _ in self._waiting}:
-                return
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
-            except TimeoutError:
-                return
-
-    def _take_batch(self) -> list[tuple[C, asyncio.Future[tuple[R, float, list[C]]]]]:
-        batch, rest, sessions = [], [], set()
-        for item in self._waiting:
-            session = self.session_of(item[0])
-            if len(batch) < self.max_batch_size and session not in sessions and not item[1].done():
-                batch.append(item)
-                sessions.add(session)
-            elif not item[1].done():
-                rest.append(item)
-        self._waiting = rest
-        return batch
-
-
 def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> None:
     """Register `servicer`'s methods for `service` like the generated add_*_to_server, except that a
     request that does not parse (bad UTF-8, garbage) reaches the handler as MalformedRequest, so it
@@ -370,69 +207,3 @@ class Server:
             result = self.health.set(name, status)
             if asyncio.iscoroutine(result):
                 await result
-
-
-class WorkerServicer:
-    """Base of the draft and target servicers: the worker arrives once its model has loaded."""
-
-    executor_name = "model"
-
-    def __init__(self) -> None:
-        self.executor = ModelExecutor(self.executor_name)
-        self._worker: Any = None
-
-    def attach(self, worker: Any) -> None:
-        self._worker = worker
-
-    @property
-    def worker(self) -> Any:
-        if self._worker is None:
-            raise UnavailableError("the model is still loading; retry shortly")
-        return self._worker
-
-
-async def serve_worker(
-    servicer: WorkerServicer,
-    service: ServiceDescriptor,
-    make_worker: Callable[[], Any],
-    host: str,
-    port: int,
-    on_listening: Callable[[str], None] | None = None,
-    stop: asyncio.Event | None = None,
-    evict_every_s: float = 10.0,
-    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-    tls: TLSConfig | None = None,
-    on_serving: Callable[[], None] | None = None,
-) -> None:
-    """Listen at once (health NOT_SERVING), load the model, serve until `stop` is set, then drain.
-    on_listening gets the address once bound; on_serving is called once the model is loaded."""
-    service_name = service.full_name
-    server = Server([service_name], interceptors=interceptors, tls=tls)
-    add_service(server.server, servicer, service)
-    address = server.bind(host, port)
-    await server.start()
-    logger.info("%s listening on %s (loading the model)", service_name, address)
-    if on_listening is not None:
-        on_listening(address)
-    stop = stop or asyncio.Event()
-    try:
-        # on the model's own thread: with OpenMP (torch's CPU threads), every thread that runs parallel work
-        # gets a team of its own, and more team threads than cores make libgomp stop spin-waiting between
-        # parallel regions. A load on another thread slowed each later pass by 12-30% here (a futex
-        # wake-up per region, ~800 per pass).
-        worker = await servicer.executor.run(make_worker)
-        servicer.attach(worker)
-        await server.set_serving()
-        logger.info("%s serving on %s", service_name, address)
-        if on_serving is not None:
-            on_serving()
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), evict_every_s)
-            except TimeoutError:
-                evicted = worker.sessions.evict_idle()
-                if evicted:
-                    logger.info("evicted %d idle sessions", len(evicted))
-    finally:
-        await server.stop()
-        servicer.executor.shutdown()

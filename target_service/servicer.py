@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import grpc
 
-from protos import convert
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
-from protos.session_servicer import SessionServicer
 from specserve.core.types import Verdict
-from specserve.rpc import BatchQueue, unary_errors
+from specserve.rpc import unary_errors
+from specserve.worker import convert
+from specserve.worker.batching import BatchQueue
+from specserve.worker.servicer import SessionServicer
 from target_service.worker import TargetWorker, VerifyCall
 
 

@@ -12,7 +12,7 @@ from specserve.models.batching import feed_batch
 from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import check_prompt, check_token_ids, new_sequence
-from specserve.sessions import SessionNotFoundError, SessionStore
+from specserve.worker.sessions import SessionNotFoundError, SessionStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 if TYPE_CHECKING:
-    from specserve.engine import SpeculativeEngine
+    from inprocess.engine import SpeculativeEngine
     from specserve.models.loading import LoadedModel
 
 
@@ -41,6 +41,6 @@ def tiny_draft() -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def engine(tiny_target: LoadedModel, tiny_draft: LoadedModel) -> SpeculativeEngine:
-    from specserve.engine import SpeculativeEngine
+    from inprocess.engine import SpeculativeEngine
 
     return SpeculativeEngine(tiny_target, tiny_draft, num_speculative_tokens=4)

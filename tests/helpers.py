@@ -1,12 +1,16 @@
 """Shared test helpers: total-variation bounds, deliberately biased samplers, the near-tie check.
 
-Imports only torch and specserve.core at load time, so the pure-core unit tests can use it.
+Imports only torch and specserve.core at load time, so the pure-core unit tests can use it. Also a subprocess
+that cannot import the model libraries, for the client's tests.
 """
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -157,3 +161,31 @@ def assert_divergence_is_near_tie(
         f"{divergence.top2_margin:.4g}, tolerance {divergence.tolerance} for {target.dtype}"
     )
     return divergence
+
+
+# ---------------------------------------------------------------------------------------------------
+# A Python process that cannot import the model libraries
+
+MODEL_LIBRARIES = ("torch", "transformers", "numpy", "ray", "specserve.models")
+
+_REFUSE_MODEL_LIBRARIES = """
+import importlib.abc, sys
+
+class RefuseModelLibraries(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == refused or name.startswith(refused + ".") for refused in {refused!r}):
+            raise ImportError(f"refused in this process: {{name}}")
+        return None
+
+sys.meta_path.insert(0, RefuseModelLibraries())
+"""
+
+
+def run_without_model_libraries(code: str, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """Run `code` (sys.argv[1:] = args) in a fresh interpreter at the repository root where importing any of
+    MODEL_LIBRARIES raises ImportError."""
+    root = Path(__file__).resolve().parents[1]
+    program = _REFUSE_MODEL_LIBRARIES.format(refused=MODEL_LIBRARIES) + code
+    return subprocess.run(
+        [sys.executable, "-c", program, *args], cwd=root, capture_output=True, text=True, timeout=timeout_s
+    )

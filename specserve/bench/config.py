@@ -3,13 +3,22 @@ CLI builds its parser from this module)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specserve.bench.load import DEFAULT_MODES, parse_mode
-from specserve.bench.served import SERVED_MODE_SUFFIXES
+from specserve.core.stats import SpeculationStats
 from specserve.flags import NO_FLAG, flag
 from specserve.models.config import DTYPE_NAMES, QUANTIZATIONS
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+PIPELINED, UNPIPELINED, EARLY_STOP = "pipelined", "unpipelined", "early-stop"
+SHARED_CORES_PIPELINED, NO_SEQUENTIAL_STOP = "pipelined on shared cores", "no sequential stop"
+SERVED_MODE_SUFFIXES = {
+    PIPELINED: "", UNPIPELINED: " unpipelined", SHARED_CORES_PIPELINED: " pre-draft on shared cores",
+    NO_SEQUENTIAL_STOP: " no early stop",
+}  # fmt: skip
+"""The bench's served modes: variant -> what its mode names add to "served k=N"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +151,13 @@ class SweepConfig:
         unknown = sorted({m.draft for m in map(parse_mode, self.modes) if m.draft} - set(self.drafts))
         if unknown:
             raise ValueError(f"modes run over drafts {unknown} that drafts does not start")
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    text: str
+    token_ids: list[int]
+
+
+RunOutput = tuple[list[int], float, SpeculationStats | None, int]  # tokens, seconds, stats, peer target passes
+Runner = Callable[[Prompt], RunOutput]

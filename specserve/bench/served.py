@@ -11,22 +11,25 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
+from specserve.bench.config import (
+    EARLY_STOP,
+    NO_SEQUENTIAL_STOP,
+    PIPELINED,
+    SHARED_CORES_PIPELINED,
+    UNPIPELINED,
+    BenchConfig,
+    Prompt,
+    Runner,
+    RunOutput,
+)
 from specserve.core.stats import SpeculationStats
 from specserve.launcher import Workers, extra_draft_role, free_port, worker_processes
 from specserve.models.config import ModelConfig
 
 if TYPE_CHECKING:
-    from orchestrator.client import SpecServeClient
-    from specserve.bench.runner import BenchConfig, Prompt, Runner, RunOutput
+    from specserve_client import SpecServeClient
 
 
-PIPELINED, UNPIPELINED, EARLY_STOP = "pipelined", "unpipelined", "early-stop"
-SHARED_CORES_PIPELINED, NO_SEQUENTIAL_STOP = "pipelined on shared cores", "no sequential stop"
-SERVED_MODE_SUFFIXES = {
-    PIPELINED: "", UNPIPELINED: " unpipelined", SHARED_CORES_PIPELINED: " pre-draft on shared cores",
-    NO_SEQUENTIAL_STOP: " no early stop",
-}  # fmt: skip
-"""The bench's served modes: variant -> what its mode names add to "served k=N"."""
 
 
 def draft_variant(name: str) -> str:
@@ -61,10 +64,10 @@ class ServedStack:
         self.tasks: list[asyncio.Future[None]] = []
 
     def __enter__(self) -> ServedStack:
-        from orchestrator.client import SpecServeClient
         from orchestrator.replicas import StaticFleet
         from orchestrator.server import serve
         from orchestrator.service import OrchestratorConfig
+        from specserve_client import SpecServeClient
 
         workers = self.exits.enter_context(
             worker_processes(self.target, self.draft, self.worker_args, self.extra_drafts)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import grpc
 
-from orchestrator.client import SpecServeClient
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.bench.load import _percentile
@@ -28,6 +27,7 @@ from specserve.config import GenerationRequest
 from specserve.flags import NO_FLAG, add_config_flags, build_from_flags, flag
 from specserve.launcher import free_port, worker_processes
 from specserve.models.loading import ModelConfig, load_model
+from specserve_client import SpecServeClient
 
 PROMPTS = [
     "def add(a, b):", "import os\n", "class Tree:", "# parse the line\n", "for i in range(10):", "SELECT * FROM",
@@ -110,7 +110,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
 
 def _references(config: SoakConfig) -> dict[tuple[str, int], list[int]]:
     """Target-only greedy output of every (prompt, max_tokens) the clients send, in this process."""
-    from specserve.engine import SpeculativeEngine
+    from inprocess.engine import SpeculativeEngine
 
     engine = SpeculativeEngine(load_model(ModelConfig(config.target, device="cpu", dtype="float32")), None, 0)
     return {

@@ -15,7 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from specserve.bench.served import PIPELINED, ServedStack
+from specserve.bench.config import PIPELINED
+from specserve.bench.served import ServedStack
 from specserve.bench.workloads import workload
 from specserve.models.loading import ModelConfig
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET

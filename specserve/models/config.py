@@ -88,12 +88,11 @@ class ModelConfig:
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         import torch
 
-        from specserve.models.loading import DTYPES, cpu_computes_bfloat16
-
         if self.dtype == "auto":
             native_bf16 = device.type == "cuda" or cpu_computes_bfloat16()
             return torch.bfloat16 if native_bf16 else torch.float32
-        return DTYPES[self.dtype]
+        dtype: torch.dtype = getattr(torch, self.dtype)  # a name of DTYPE_NAMES, checked at construction
+        return dtype
 
     def resolve_engine(self, device: torch.device, gguf_source: bool) -> str:
         """The engine `auto` stands for, given where the model runs and whether its weights are GGUF."""
@@ -114,6 +113,18 @@ class ModelConfig:
 
             return "int4" if int4_supported() else "int8"
         return self.quantization
+
+
+def cpu_computes_bfloat16() -> bool:
+    """The CPU has bfloat16 instructions (x86: AVX512-BF16 or AMX; elsewhere oneDNN's own check).
+    `torch.ops.mkldnn._is_mkldnn_bf16_supported()` says yes on any AVX-512 CPU, where oneDNN converts
+    bfloat16 to float32 around float32 arithmetic and a window of several tokens costs 2-3x float32's."""
+    import torch
+
+    cpu = torch.cpu
+    if hasattr(cpu, "_is_avx512_bf16_supported") and cpu._is_avx512_supported():
+        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def default_home() -> Path:

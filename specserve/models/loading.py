@@ -66,16 +66,6 @@ class LoadedModel:
         return None if isinstance(self.model, LlamaCppModel) else lean_decoder(self.model)
 
 
-def cpu_computes_bfloat16() -> bool:
-    """The CPU has bfloat16 instructions (x86: AVX512-BF16 or AMX; elsewhere oneDNN's own check).
-    `torch.ops.mkldnn._is_mkldnn_bf16_supported()` says yes on any AVX-512 CPU, where oneDNN converts
-    bfloat16 to float32 around float32 arithmetic and a window of several tokens costs 2-3x float32's."""
-    cpu = torch.cpu
-    if hasattr(cpu, "_is_avx512_bf16_supported") and cpu._is_avx512_supported():
-        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 def cpu_threads(role: str, requested: int | None = None) -> int:
     """Torch threads for a worker's CPU inference: `requested`, else every core for a target and a quarter
     of them (at least one) for a draft. On one machine the two share the cores, and a draft on all of

@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:  # annotations only: the transport maps TokenizerMismatchError without loading transformers
+    from transformers import PreTrainedTokenizerBase
 
 
 class TokenizerMismatchError(ValueError):

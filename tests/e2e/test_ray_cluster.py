@@ -17,12 +17,12 @@ import grpc
 import pytest
 import yaml
 
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
 from specserve.launcher import free_port
+from specserve_client import SpecServeClient
 from tests.e2e.cluster import LoopbackCluster, wait_for_orchestrator
 
 pytestmark = pytest.mark.e2e

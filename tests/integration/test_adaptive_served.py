@@ -11,10 +11,10 @@ from typing import Any
 import grpc
 import pytest
 
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from specserve.config import GenerationRequest
 from specserve.core.adaptive import AdaptiveK
-from specserve.engine import SpeculativeEngine
+from specserve_client import SpecServeClient
 from tests.stack import LocalStack
 
 

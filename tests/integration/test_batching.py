@@ -15,7 +15,8 @@ from specserve.core.types import SamplingParams
 from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence
-from specserve.rpc import BatchQueue, ModelExecutor
+from specserve.worker.batching import BatchQueue
+from specserve.worker.executor import ModelExecutor
 from target_service.worker import TargetWorker, VerifyCall
 from tests.helpers import assert_divergence_is_near_tie
 

@@ -9,13 +9,13 @@ import time
 import grpc
 import torch
 
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence
+from specserve_client import SpecServeClient
 from tests.helpers import assert_divergence_is_near_tie
 from tests.stack import LocalStack
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from draft_service.worker import DraftWorker, ProposeCall
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams
-from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
+from specserve_client import SpecServeClient
 from tests.stack import LocalStack
 
 GREEDY = SamplingParams()

@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from inprocess.engine import SpeculativeEngine
 from specserve.bench.failover import FailoverConfig, FailoverResult, StreamResult, _check_departures, format_table
 from specserve.bench.lossless import reference_logits
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
 from specserve.models.config import ModelConfig
 
 TINY = ModelConfig("tiny", device="cpu", dtype="float32")

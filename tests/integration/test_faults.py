@@ -9,11 +9,11 @@ import time
 import grpc
 import pytest
 
-from orchestrator.client import SpecServeClient, build_request
+from inprocess.engine import SpeculativeEngine
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
+from specserve_client import SpecServeClient, build_request
 from tests.faults import Delay, Fail
 from tests.stack import LocalStack
 

@@ -10,12 +10,12 @@ import grpc
 import pytest
 import torch
 
-from orchestrator.client import SpecServeClient
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import SamplingParams
 from specserve.core.verify import logits_to_probs
 from specserve.models.loading import LoadedModel
+from specserve_client import SpecServeClient
 from tests.helpers import normalize, tv_bound, tv_distance
 from tests.integration.test_adaptive_served import Recorder
 from tests.stack import LocalStack

@@ -22,10 +22,10 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.client import SpecServeClient
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.rpc import MAX_MESSAGE_BYTES
+from specserve_client import SpecServeClient
 from tests.stack import LocalStack
 
 FULL = "SPECSERVE_FUZZ_EXAMPLES" in os.environ

@@ -8,10 +8,10 @@ import random
 import pytest
 
 import target_service.worker
+from inprocess.engine import SpeculativeEngine
 from specserve.config import GenerationRequest
 from specserve.core.loop import GenerationResult
 from specserve.core.types import Verdict
-from specserve.engine import SpeculativeEngine
 from specserve.models import tiny
 from specserve.models.loading import LoadedModel
 from specserve.models.registry import TinySpec, get_preset

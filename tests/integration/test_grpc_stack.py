@@ -9,11 +9,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
+from specserve_client import SpecServeClient
 from tests.stack import LocalStack
 
 PROMPTS = ["def f(", "a", "The quick brown fox", "import numpy as np\n", "x = [1, 2, 3]\nfor i in x:\n"]
@@ -193,40 +193,43 @@ def test_oversized_messages_are_refused(stack: LocalStack, client: SpecServeClie
     assert client.generate("still serving", max_tokens=3).finish_reason
 
 
-@pytest.mark.parametrize("role", ["draft", "target"])
-def test_a_worker_loads_its_model_on_the_thread_that_runs_its_passes(role: str) -> None:
+@pytest.mark.parametrize("role_name", ["draft", "target"])
+def test_a_worker_loads_its_model_on_the_thread_that_runs_its_passes(role_name: str) -> None:
     """With OpenMP every thread that runs parallel torch work owns a team of threads; more of them than
     cores make libgomp sleep between parallel regions instead of spinning, which slowed every pass of a
     worker that loaded on another thread by 12-30% on two cores."""
     import asyncio
     import threading
+    from dataclasses import replace
 
-    from draft_service.server import SERVICE as DRAFT_SERVICE
-    from draft_service.servicer import DraftServicer
-    from draft_service.worker import DraftWorker
-    from specserve.models.loading import ModelConfig, load_model
-    from specserve.rpc import serve_worker
-    from target_service.server import SERVICE as TARGET_SERVICE
-    from target_service.servicer import TargetServicer
-    from target_service.worker import TargetWorker
+    from draft_service.server import DRAFT
+    from specserve.config import WorkerServiceConfig
+    from specserve.models.loading import ModelConfig
+    from specserve.worker.serve import serve
+    from target_service.server import TARGET
 
-    worker_type, servicer_type, service = {
-        "draft": (DraftWorker, DraftServicer, DRAFT_SERVICE),
-        "target": (TargetWorker, TargetServicer, TARGET_SERVICE),
-    }[role]
+    role = DRAFT if role_name == "draft" else TARGET
     loaded_on: list[int] = []
+    servicers: list[object] = []
 
-    def make_worker() -> object:
+    def make_worker(config: WorkerServiceConfig) -> object:
         loaded_on.append(threading.get_ident())
-        return worker_type(load_model(ModelConfig("tiny-draft" if role == "draft" else "tiny"), progress=False))
+        return role.make_worker(config)
+
+    class RecordedServicer(role.servicer):  # type: ignore[name-defined, misc]
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)
+            servicers.append(self)
 
     async def serve_and_ask() -> int:
-        servicer, stop = servicer_type(), asyncio.Event()
-        server = asyncio.create_task(serve_worker(servicer, service, make_worker, "127.0.0.1", 0, stop=stop))
-        while not loaded_on or servicer._worker is None:
+        stop = asyncio.Event()
+        config = WorkerServiceConfig(ModelConfig("tiny-draft" if role_name == "draft" else "tiny"))
+        recorded = replace(role, servicer=RecordedServicer, make_worker=make_worker)
+        server = asyncio.create_task(serve(recorded, config, stop=stop))
+        while not loaded_on or not servicers or servicers[0]._worker is None:
             assert not server.done(), server.result()
             await asyncio.sleep(0.02)
-        passes_on = await servicer.executor.run(threading.get_ident)
+        passes_on = await servicers[0].executor.run(threading.get_ident)
         stop.set()
         await server
         return passes_on

@@ -14,8 +14,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.client import SpecServeClient, build_request
 from specserve.logs import JsonFormatter, RequestIdFilter
+from specserve_client import SpecServeClient, build_request
 from tests.stack import LocalStack
 
 KEY = "test-key"

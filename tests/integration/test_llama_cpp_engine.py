@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import target_service.worker
+from inprocess.engine import SpeculativeEngine
 from orchestrator.client import SpecServeClient
 from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams
-from specserve.engine import SpeculativeEngine
 from specserve.models.config import ModelConfig
 from specserve.models.llama_cpp import KVCacheFullError, LlamaCppModel, LlamaCppOptions, LlamaCppSequence
 from specserve.models.loading import LoadedModel, load_model

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from specserve.bench.load import Compared, Mode, check_departures, parse_mode, rate_sweep, run_load, sweep
 from specserve.bench.lossless import reference_logits
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
+from specserve_client import SpecServeClient
 from tests.helpers import assert_divergence_is_near_tie
 from tests.stack import LocalStack
 

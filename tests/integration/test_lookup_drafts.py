@@ -12,9 +12,9 @@ import pytest
 import target_service.worker
 from draft_service.hybrid import HybridConfig, HybridSession, HybridWorker
 from draft_service.worker import DraftWorker
+from inprocess.engine import SpeculativeEngine
 from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams, Verdict
-from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
 from tests.helpers import always_accept, normalize, tv_bound, tv_distance
 from tests.helpers import exact_joint as helpers_exact_joint

@@ -6,14 +6,14 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from orchestrator.remote import ModelInfo
 from orchestrator.service import check_pair
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
 from specserve.models.tokenizers import TokenizerMismatchError
+from specserve_client import SpecServeClient
 from tests.stack import LocalStack
 
 REPETITIVE = [

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inprocess.engine import SpeculativeEngine
 from specserve.bench.lossless import ReferenceDecoder, first_difference, reference_logits
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
 from tests.helpers import assert_divergence_is_near_tie
 
 PROMPT = "def f("

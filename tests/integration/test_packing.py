@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from inprocess.engine import SpeculativeEngine
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
 from specserve.models.loading import ModelConfig, load_model
 from specserve.models.packing import PackedLinear, pack_linears, packing_supported
 from specserve.models.sequence import CachedSequence

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from inprocess.engine import SpeculativeEngine
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel, ModelConfig, load_model
 from specserve.models.quantized import INT4_MAX_ROWS, Int4Linear, int4_supported
 

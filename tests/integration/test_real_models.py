@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from inprocess.engine import SpeculativeEngine
 from specserve.config import EngineConfig, GenerationRequest
-from specserve.engine import SpeculativeEngine
 from tests.helpers import assert_divergence_is_near_tie
 
 pytestmark = pytest.mark.real_model

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
+from specserve_client import SpecServeClient
 from tests.stack import LocalStack
 
 

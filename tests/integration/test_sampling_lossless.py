@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 
 import target_service.worker
+from inprocess.engine import SpeculativeEngine
 from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams, Verdict
-from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
 from tests.helpers import always_accept, normalize, resample_target_on_rejection, tv_bound, tv_distance
 from tests.helpers import exact_joint as helpers_exact_joint

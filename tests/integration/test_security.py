@@ -12,11 +12,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from orchestrator.client import SpecServeClient
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.certs import make_certs
 from specserve.security import SecurityConfigError, TLSConfig, client_channel
+from specserve_client import SpecServeClient
 from tests.stack import LocalStack
 
 API_KEY = "test-key-0123456789"

@@ -15,13 +15,13 @@ import torch
 
 from draft_service.servicer import DraftServicer
 from draft_service.worker import DraftWorker, ProposeCall
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import SamplingParams
-from specserve.engine import SpeculativeEngine
 from specserve.models.loading import LoadedModel
 from specserve.placement import Placement, this_process, usable_cpu_count
+from specserve_client import SpecServeClient
 from tests.integration.test_adaptive_served import Recorder
 from tests.integration.test_grpc_stack import PROMPTS, reference
 from tests.stack import LocalStack

@@ -17,11 +17,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from orchestrator.client import SpecServeClient
+from inprocess.engine import SpeculativeEngine
 from specserve.config import GenerationRequest
-from specserve.engine import SpeculativeEngine
 from specserve.launcher import free_port, worker_processes
 from specserve.models.loading import ModelConfig
+from specserve_client import SpecServeClient
 from tests.served import local_serve, wait_until_serving
 
 TINY = ModelConfig("tiny", device="cpu", dtype="float32")

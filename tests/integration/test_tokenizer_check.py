@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from specserve.engine import SpeculativeEngine
+from inprocess.engine import SpeculativeEngine
 from specserve.models import tiny
 from specserve.models.loading import LoadedModel
 from specserve.models.registry import TinySpec, get_preset

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protos import convert, generation
+from orchestrator import generation
 from specserve.config import GenerationRequest
 from specserve.core.stats import SpeculationStats
 from specserve.core.types import SamplingParams, SparseProbs
 from specserve.core.verify import DRAFT_SUPPORT_MASS, top_support
+from specserve.worker import convert
 
 
 def _distributions() -> torch.Tensor:
@@ -85,7 +86,7 @@ def test_generation_request_round_trip() -> None:
 
 def test_stats_carry_every_public_figure() -> None:
     stats = SpeculationStats(num_proposed=8, num_accepted=6, num_rounds=2, total_s=1.0, num_generated=8)
-    message = convert.stats_to_proto(stats)
+    message = generation.stats_to_proto(stats)
     assert (message.proposed, message.accepted, message.rounds) == (8, 6, 2)
     assert message.acceptance_rate == pytest.approx(0.75) and message.mean_acceptance_length == pytest.approx(4.0)
 

@@ -1,4 +1,5 @@
-"""specserve.core is pure: importing it pulls in no model library, transport, placement or protos."""
+"""specserve.core is pure: importing it pulls in no model library, transport, placement or protos. And the
+transport (specserve.rpc) runs no model: it loads no model library and not the worker runtime's model thread."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("transformers", "grpc", "ray", "protos", "specserve.models", "draft_service", "target_service")
+NOT_TRANSPORT = ("torch", "transformers", "numpy", "ray", "specserve.openmp", "specserve.worker.executor",
+                 "specserve.worker.batching", "protos")  # fmt: skip
 
 PROBE = """
 import importlib, json, sys
@@ -18,10 +21,10 @@ print(json.dumps(sorted(m for m in sys.modules if any(m == f or m.startswith(f +
 """
 
 
-def imported_forbidden(module: str) -> list[str]:
-    """The forbidden modules that importing `module` in a fresh interpreter loads."""
+def imported_forbidden(module: str, forbidden: tuple[str, ...] = FORBIDDEN) -> list[str]:
+    """The `forbidden` modules that importing `module` in a fresh interpreter loads."""
     completed = subprocess.run(
-        [sys.executable, "-c", PROBE, module, json.dumps(FORBIDDEN)],
+        [sys.executable, "-c", PROBE, module, json.dumps(forbidden)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -39,3 +42,8 @@ def test_core_imports_nothing_forbidden() -> None:
 def test_the_probe_sees_a_forbidden_import() -> None:
     loaded = imported_forbidden("specserve.models.tiny")  # imports transformers by design
     assert "transformers" in loaded, f"the probe missed transformers: {loaded}"
+
+
+def test_the_transport_runs_no_model() -> None:
+    loaded = imported_forbidden("specserve.rpc", NOT_TRANSPORT)
+    assert loaded == [], f"importing specserve.rpc loaded {loaded}"

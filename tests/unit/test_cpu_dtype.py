@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from specserve.models.loading import ModelConfig, cpu_computes_bfloat16
+from specserve.models.config import cpu_computes_bfloat16
+from specserve.models.loading import ModelConfig
 
 BFLOAT16_FLAGS = {"avx512_bf16", "amx_bf16"}
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from draft_service.lookup import LookupConfig, LookupSession, LookupWorker, NgramIndex
-from draft_service.names import parse_draft_name
 from draft_service.worker import ProposeCall
 from specserve.core.types import SamplingParams
 from specserve.core.verify import rejection_sample
-from specserve.sessions import SessionNotFoundError
+from specserve.models.draft_names import parse_draft_name
+from specserve.worker.sessions import SessionNotFoundError
 
 GREEDY, SAMPLED = SamplingParams(), SamplingParams(temperature=1.0)
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from specserve.rpc import ModelExecutor
+from specserve.worker.executor import ModelExecutor
 
 
 def _scenario(queued: list[tuple[str, bool]]) -> list[str]:

@@ -30,3 +30,9 @@ def test_package_is_versioned() -> None:
 
     assert specserve_pb2.DESCRIPTOR.package == "specserve.v1"
     assert set(specserve_pb2.DESCRIPTOR.services_by_name) == {"Orchestrator", "Admin", "DraftService", "TargetService"}
+
+
+def test_protos_holds_only_the_proto_and_its_generated_code() -> None:
+    """Conversions live with their users (orchestrator/generation.py, specserve/worker/convert.py)."""
+    present = {path.name for path in (ROOT / "protos").iterdir() if path.name != "__pycache__"}
+    assert present == {"__init__.py", "specserve.proto", *GENERATED}

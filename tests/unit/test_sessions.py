@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.sessions import SessionNotFoundError, SessionStore
+from specserve.worker.sessions import SessionNotFoundError, SessionStore
 
 
 class Clock:

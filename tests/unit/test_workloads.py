@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from specserve.bench.edit_prompts import EDITS, edit_prompts
-from specserve.bench.runner import humaneval_prompts
-from specserve.bench.workloads import CATEGORIES, CHARS_PER_TOKEN, workload
+from specserve.bench.workloads import CATEGORIES, CHARS_PER_TOKEN, humaneval_prompts, workload
 
 
 def test_every_category_has_chat_prompts() -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from draft_service.hybrid import HybridWorker
 from draft_service.lookup import LookupWorker
-from draft_service.names import parse_draft_name
 from draft_service.worker import DraftWorker
 from specserve.config import EngineConfig, GenerationRequest
 from specserve.core.loop import GenerationResult, SpeculativeDecoder
 from specserve.core.stats import SpeculationStats
+from specserve.models.draft_names import parse_draft_name
 from specserve.models.loading import LoadedModel, load_model
 from specserve.models.tokenizers import TokenizerSpec, check_compatible
 from specserve.prompts import resolve_k, stop_conditions, tokenize_request

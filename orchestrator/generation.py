@@ -1,9 +1,11 @@
-"""The public API's GenerateRequest <-> GenerationRequest. No torch: clients import it."""
+"""The public API's messages <-> specserve's types: GenerateRequest <-> GenerationRequest, and the
+statistics of a response."""
 
 from __future__ import annotations
 
 from protos import specserve_pb2 as pb
 from specserve.config import GenerationRequest
+from specserve.core.stats import SpeculationStats
 from specserve.core.types import SamplingParams
 
 DEFAULT_MAX_TOKENS = 128
@@ -46,3 +48,7 @@ def generation_request_to_proto(request: GenerationRequest) -> pb.GenerateReques
         num_speculative_tokens=request.num_speculative_tokens,
         ignore_eos=request.ignore_eos,
     )
+
+
+def stats_to_proto(stats: SpeculationStats) -> pb.GenerationStats:
+    return pb.GenerationStats(**stats.summary())

@@ -1,4 +1,5 @@
-"""The RPCs the draft and target services share (model info, prefill, release), in one place."""
+"""The servicer scaffolding both roles share: the worker that arrives once its model has loaded, and the
+RPCs of every session-keeping worker (model info, prefill, release)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,32 @@ from typing import Any
 
 import grpc
 
-from protos import convert
 from protos import specserve_pb2 as pb
 from specserve.core.types import Proposal
 from specserve.models.tokenizers import TokenizerSpec
 from specserve.placement import Placement, this_process
-from specserve.rpc import WorkerServicer, unary_errors
+from specserve.rpc import UnavailableError, unary_errors
+from specserve.worker import convert
+from specserve.worker.executor import ModelExecutor
+
+
+class WorkerServicer:
+    """Base of the draft and target servicers: the worker arrives once its model has loaded."""
+
+    executor_name = "model"
+
+    def __init__(self) -> None:
+        self.executor = ModelExecutor(self.executor_name)
+        self._worker: Any = None
+
+    def attach(self, worker: Any) -> None:
+        self._worker = worker
+
+    @property
+    def worker(self) -> Any:
+        if self._worker is None:
+            raise UnavailableError("the model is still loading; retry shortly")
+        return self._worker
 
 
 class SessionServicer(WorkerServicer):

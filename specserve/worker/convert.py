@@ -1,17 +1,20 @@
-"""Conversions between specserve.v1 messages and the core's types: the one place that knows both."""
+"""Conversions between the internal worker messages of specserve.v1 and the core's types, for both ends of
+the wire: the workers' servicers and the orchestrator's remote clients (orchestrator/remote.py)."""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from protos import specserve_pb2 as pb
-from specserve.core.stats import SpeculationStats
 from specserve.core.types import Proposal, SamplingParams, SparseProbs, Verdict
-from specserve.models.loading import LoadedModel
 from specserve.placement import Placement
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
+
+if TYPE_CHECKING:  # annotations only: the orchestrator decodes with this module and loads no model
+    from specserve.models.loading import LoadedModel
 
 
 def sampling_to_proto(sampling: SamplingParams) -> pb.SamplingParams:
@@ -40,7 +43,7 @@ def probs_from_proto(message: pb.SparseProbs, vocab_size: int) -> SparseProbs:
     if any(length < 0 for length in lengths):  # a negative length could still sum up right
         raise ValueError("draft_probs: row_lengths must be >= 0")
     # checked in Python, not by torch reductions: this runs on a worker's event loop thread, and a torch
-    # op large enough to go parallel there would start a second OpenMP team (see specserve.rpc.serve_worker)
+    # op large enough to go parallel there would start a second OpenMP team (see specserve.worker.serve)
     ids, values = list(message.token_ids), list(message.probs)
     if ids and (min(ids) < 0 or max(ids) >= vocab_size):
         raise ValueError(f"draft_probs: token ids must be in [0, {vocab_size})")
@@ -104,6 +107,3 @@ def placement_from_proto(message: pb.ModelInfoResponse) -> Placement | None:
     p = message.placement
     return Placement(p.host, p.device, frozenset(p.cpus))
 
-
-def stats_to_proto(stats: SpeculationStats) -> pb.GenerationStats:
-    return pb.GenerationStats(**stats.summary())

@@ -1,0 +1,89 @@
+"""The model thread: every model call of a worker runs on one thread, passes and prompt chunks taking turns,
+so the event loop stays free for other RPCs while the model computes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from specserve.openmp import release_idle_threads
+
+T = TypeVar("T")
+
+
+class ModelExecutor:
+    """Runs model calls on one thread: the model is busy with one pass at a time, and the event loop
+    stays free for other RPCs meanwhile. All of a worker's torch compute belongs here, its load included
+    (see specserve.worker.serve).
+
+    Two classes of call take turns when both wait: passes (the batched Verify or Propose of the sessions
+    under way) and background work (prompt chunks of new requests). First come, first served, a burst of
+    new requests held the sessions' passes behind every prompt queued before them: at 16 clients on two
+    cores 16 prefills of 2.5 s each came first, a session's Verify waited 30 s, hit its deadline and the
+    replica was taken for failed (its sessions rebuilt by more prefills). Taking turns, a pass waits for
+    at most one prompt chunk, and a prompt chunk for at most one pass."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._busy = False
+        self._waiting: dict[bool, deque[asyncio.Future[None]]] = {False: deque(), True: deque()}
+        self._last_background = False
+
+    async def run(self, fn: Callable[..., T], *args: Any, background: bool = False) -> T:
+        """fn(*args) on the model thread; `background`: a prompt chunk, which takes turns with passes."""
+        await self._acquire(background)
+        self._last_background = background
+        future = asyncio.get_running_loop().run_in_executor(self._pool, self._on_model_thread, fn, *args)
+        # released when the thread is done, not when the caller stops waiting: a cancelled caller's call
+        # still holds the model until it returns
+        future.add_done_callback(lambda _: self._release())
+        return await asyncio.shield(future)
+
+    def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        finally:
+            if not (self._waiting[False] or self._waiting[True]):  # idle now: free the cores (specserve/openmp.py)
+                release_idle_threads()
+
+    async def timed(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+        """(result, seconds the call computed), the queueing before it excluded."""
+
+        def call() -> tuple[T, float]:
+            started = time.perf_counter()
+            return fn(*args), time.perf_counter() - started
+
+        return await self.run(call)
+
+    async def _acquire(self, background: bool) -> None:
+        if not self._busy:  # then nothing waits: _release hands the model on while anything does
+            self._busy = True
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[background].append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():  # granted, then cancelled: pass the turn on
+                self._release()
+            elif granted in self._waiting[background]:  # else _release dropped it already
+                self._waiting[background].remove(granted)
+            raise
+
+    def _release(self) -> None:
+        """The model is free: the next call, the other class first when both wait."""
+        order = (not self._last_background, self._last_background)
+        for background in order:
+            while self._waiting[background]:
+                granted = self._waiting[background].popleft()
+                if not granted.done():
+                    granted.set_result(None)
+                    return
+        self._busy = False
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
