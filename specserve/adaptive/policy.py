@@ -97,7 +97,7 @@ class AdaptivePolicy:
         gap = now - self._seen_at
         self._serving_s += gap if 0.0 <= gap <= IDLE_GAP_S else 0.0
         self._seen_at = now
-        if now - self._decided_at >= self.config.period_s and self._settled(batch_size, now):
+        if now - self._decided_at >= self.config.period_s and self._settled(now):
             self._decided_at = now
             self._switch(self._decide(batch_size, now), batch_size, now)
         return self._k
@@ -127,13 +127,13 @@ class AdaptivePolicy:
                 return self.acceptance.expected_tokens(k) / max(round_s, 1e-9)
         return None
 
-    def _settled(self, batch_size: int, now: float) -> bool:
+    def _settled(self, now: float) -> bool:
         """A new k stands until enough of its rounds were measured to trust, or until four times as long as
         that should take has passed (rounds may stop being measured)."""
-        if self._fresh_rounds >= self.config.min_rounds or now < self._measured_from:
-            return now >= self._measured_from
-        expected_s = self.config.min_rounds * self._last_round_s
-        return now - self._measured_from >= 4 * expected_s
+        if now < self._measured_from:
+            return False
+        needed = self.config.min_rounds
+        return self._fresh_rounds >= needed or now - self._measured_from >= 4 * needed * self._last_round_s
 
     def _decide(self, batch_size: int, now: float) -> int:
         estimates = {k: e for k in range(self.max_k + 1) if (e := self.estimate(batch_size, k, now)) is not None}
@@ -203,6 +203,11 @@ class AdaptivePolicy:
         if k != self._chosen:
             self._explored_at = now
         self._measured_from, self._fresh_rounds = now + self._last_round_s, 0.0
-        logger.info("adaptive k %d -> %d at %d session%s%s", self._k, k, batch_size,
-                    "" if batch_size == 1 else "s", " (exploring)" if k != self._chosen else "")  # fmt: skip
+        figures = ", ".join(f"k={x} {self._rate_text(batch_size, x, now)}" for x in (self._k, k))
+        logger.info("adaptive k %d -> %d at %d session%s (%stokens/s a session: %s)", self._k, k, batch_size,
+                    "" if batch_size == 1 else "s", "exploring; " if k != self._chosen else "", figures)  # fmt: skip
         self._k = k
+
+    def _rate_text(self, batch_size: int, k: int, now: float) -> str:
+        estimate = self.estimate(batch_size, k, now)
+        return "?" if estimate is None else f"{estimate.rate:.2f}"

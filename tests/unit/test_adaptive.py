@@ -8,6 +8,7 @@ import pytest
 
 from specserve.adaptive import AcceptanceModel, AdaptiveConfig, AdaptivePolicy, batch_bucket, tokens_per_round
 from specserve.adaptive.cost import BucketCosts, DecayedMean
+from specserve.bench.adaptive_replay import Landscape, ReplayConfig, StepCosts, replay
 
 
 def test_expected_tokens_count_the_bonus_token() -> None:
@@ -95,3 +96,11 @@ def test_a_fresh_policy_drafts_its_initial_k() -> None:
 def test_a_bad_config_value_is_refused_by_name(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         AdaptiveConfig(**{field: value})
+
+
+def test_a_change_of_k_is_logged_with_the_figures_it_was_decided_on(caplog: pytest.LogCaptureFixture) -> None:
+    landscape = Landscape.from_costs(StepCosts(0.012, {1: 0.033, 2: 0.047, 5: 0.091, 8: 0.160}), [0.8] * 8)
+    with caplog.at_level("INFO", logger="specserve.adaptive.policy"):
+        replay(landscape, ReplayConfig(seconds_per_load=20.0), seed=0)
+    first = caplog.messages[0]
+    assert first.startswith("adaptive k 4 -> ") and "tokens/s a session: k=4 " in first, caplog.messages
