@@ -41,7 +41,7 @@ class AdaptivePolicy:
         self._measured_from = -math.inf  # rounds that started earlier straddle the last change of k
         self._last_round_s = 0.0
         self._fresh_rounds = 0.0  # batch rounds measured at the current k since it was set
-        self._explored_at: float | None = None  # when the current exploration began
+        self._explored_at: float | None = None  # while exploring: when its regret was last charged
         self._serving_s = self._lost_s = 0.0
 
     @property
@@ -141,9 +141,9 @@ class AdaptivePolicy:
         if not trusted:
             return self._k  # nothing trusted at this batch size yet: measure the current k first
         best = self._exploit(trusted, batch_size)
-        self._account_exploration(best, trusted, now)
         self._chosen = best
         explored = self._explore(best, estimates, batch_size, now)
+        self._charge_exploration(best, trusted, now, explores_on=explored is not None)
         return best if explored is None else explored
 
     def _exploit(self, trusted: dict[int, Estimate], batch_size: int) -> int:
@@ -165,10 +165,11 @@ class AdaptivePolicy:
         if self._lost_s > self.config.explore_fraction * self._serving_s:
             return None
         base = estimates[best].rate
-        # k unknown here: optimistic, at least as fast as the best (another batch size's figure may say faster)
-        borrowed = {k: self._borrowed_rate(batch_size, k) for k in range(self.max_k + 1) if k not in estimates}
-        guessed = {k: Estimate(max(base, rate or 0.0), 0.0) for k, rate in borrowed.items()}
-        guessed = {k: e for k, e in guessed.items() if borrowed[k] or k in (best - 1, best + 1, 0)}
+        # k unknown here: the best's neighbours and target-only taken as fast as the best (the rate is about
+        # unimodal in k), any k as fast as another batch bucket measured it where that is faster
+        borrowed = {k: self._borrowed_rate(batch_size, k) or 0.0 for k in range(self.max_k + 1) if k not in estimates}
+        guessed = {k: Estimate(max(base, rate), 0.0) for k, rate in borrowed.items()}
+        guessed = {k: e for k, e in guessed.items() if borrowed[k] > base or k in (best - 1, best + 1, 0)}
         candidates = {k: self._optimistic(e, base) for k, e in (estimates | guessed).items()}
         candidates = {k: r for k, r in candidates.items() if 0 <= k <= self.max_k and k != best}
         if not candidates:
@@ -188,20 +189,19 @@ class AdaptivePolicy:
         catch_up = self.costs.catch_up_s(batch_size) if old == 0 and new > 0 else 0.0
         return catch_up + (self._last_round_s if old != new else 0.0)
 
-    def _account_exploration(self, best: int, trusted: dict[int, Estimate], now: float) -> None:
-        """An exploration that did not become the best is charged its regret (seconds of serving at the best
-        k's pace it lost); one that did is not, so a slope of k is climbed step after step."""
+    def _charge_exploration(self, best: int, trusted: dict[int, Estimate], now: float, explores_on: bool) -> None:
+        """An exploration that has not become the best is charged its regret since the last decision (the
+        seconds of serving at the best k's pace it lost); one that has is not, so a slope of k is climbed
+        step after step. `explores_on`: this decision explores (further, or another k)."""
         explored = trusted.get(self._k)
         if self._explored_at is not None and self._k != best and explored is not None:
             shortfall = max(0.0, 1.0 - explored.rate / trusted[best].rate)
             self._lost_s += (now - self._explored_at) * shortfall
-        self._explored_at = None
+        self._explored_at = now if explores_on else None
 
     def _switch(self, k: int, batch_size: int, now: float) -> None:
         if k == self._k:
             return
-        if k != self._chosen:
-            self._explored_at = now
         self._measured_from, self._fresh_rounds = now + self._last_round_s, 0.0
         figures = ", ".join(f"k={x} {self._rate_text(batch_size, x, now)}" for x in (self._k, k))
         logger.info("adaptive k %d -> %d at %d session%s (%stokens/s a session: %s)", self._k, k, batch_size,
