@@ -45,7 +45,8 @@ def exact_joint(
             joint[generated] = probability
             return
         input_ids = torch.tensor([prompt_ids + list(generated)])
-        probs = logits_to_probs(target.model(input_ids=input_ids).logits[0, -1:], sampling)[0]  # [vocab]
+        logits = target.model(input_ids=input_ids).logits[0, -1:, : target.vocab_size]  # padding rows cut off
+        probs = logits_to_probs(logits, sampling)[0]  # [vocab]
         for token_id in torch.nonzero(probs).flatten().tolist():
             expand(generated + (token_id,), probability * float(probs[token_id]))
 
