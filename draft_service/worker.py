@@ -48,7 +48,7 @@ class DraftWorker:
         self.steps: StepGraphs | None = None
         if slot_cache.active_on(loaded.device) and loaded.decoder is not None:
             self.pool = SlotPool(loaded.model, slot_cache)
-            self.steps = StepGraphs(loaded.model, self.pool, slot_cache.cuda_graphs)
+            self.steps = StepGraphs(loaded.model, self.pool, slot_cache.cuda_graphs, loaded.vocab_size)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> DraftSession:
         check_prompt(prompt_token_ids, self.loaded)
@@ -165,6 +165,7 @@ class DraftSession:
             raise ValueError("the prompt must contain at least one token")
         self.sequence: CachedSequence | SlotSequence | LlamaCppSequence = new_sequence(loaded, prompt_token_ids)
         self.generator = make_generator(seed, DRAFT_STREAM)
+        self.vocab_size = loaded.vocab_size
         self._support_rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token ids, probs) per draft
         self.confidence_threshold = 0.0  # for propose(); the service passes one per call instead
 
@@ -180,9 +181,11 @@ class DraftSession:
         return self.take_proposal(start)
 
     def step(self, logits: torch.Tensor, sampling: SamplingParams) -> float:
-        """Draft one token from logits [vocab] at the end of the sequence; returns the probability the draft
-        gave it. Stopping a window on a low one keeps the output exact: the stop depends on draft-side
-        randomness only, and the target checks each drafted token as before."""
+        """Draft one token from logits [padded vocab] at the end of the sequence; returns the probability the
+        draft gave it. Stopping a window on a low one keeps the output exact: the stop depends on draft-side
+        randomness only, and the target checks each drafted token as before. Padding rows are cut off (as
+        if masked to -inf): the draft never proposes one, and its distribution covers the target's ids."""
+        logits = logits[: self.vocab_size]
         if sampling.greedy:
             logits = logits.float()  # first: argmax over float32 is twice as fast as over bfloat16 (CPU)
             token_id = int(logits.argmax())

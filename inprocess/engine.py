@@ -46,8 +46,8 @@ class SpeculativeEngine:
                     f"({target.max_context}); the draft could not follow long requests"
                 )
             check_compatible(
-                TokenizerSpec.of(draft.tokenizer, draft.vocab_size),
-                TokenizerSpec.of(target.tokenizer, target.vocab_size),
+                TokenizerSpec.of(draft.tokenizer, draft.padded_vocab_size),
+                TokenizerSpec.of(target.tokenizer, target.padded_vocab_size),
             )
         self.target, self.draft = target, draft
         self.target_worker = TargetWorker(target)

@@ -45,6 +45,8 @@ class ModelInfo:
     placement: Placement | None = None
     token_agnostic: bool = False
     """A drafter that needs no tokenizer (prompt lookup): any target may use it."""
+    padded_vocab_size: int = 0
+    """The model's logits width: vocab_size plus padding rows, masked out (0 for a token-agnostic drafter)."""
 
 
 class _WorkerClient:
@@ -156,4 +158,5 @@ def _model_info(message: pb.ModelInfoResponse) -> ModelInfo:
         frozenset(message.eos_token_ids),
         convert.placement_from_proto(message),
         message.token_agnostic,
+        message.padded_vocab_size,
     )

@@ -17,7 +17,7 @@ from orchestrator.pipeline import Chunk, RemoteRequest, RequestPlan
 from orchestrator.remote import ModelInfo
 from orchestrator.replicas import Fleet, Replica, ReplicaPool
 from specserve.config import GenerationRequest
-from specserve.models.tokenizers import TokenizerMismatchError
+from specserve.models.tokenizers import TokenizerMismatchError, unscored_ids
 from specserve.prompts import resolve_k, stop_conditions, tokenize_request
 
 logger = logging.getLogger(__name__)
@@ -169,15 +169,23 @@ class Orchestrator:
 
 def check_pair(draft_info: ModelInfo, target_info: ModelInfo) -> None:
     """Refuse a draft whose tokens mean something else to the target: mismatches fail silently otherwise.
-    A token-agnostic draft (prompt lookup) proposes only ids of the session's own context: any target."""
+    Logits widths may differ (Qwen2.5-7B pads to 152,064 rows, 0.5B to 151,936): both sides mask the rows
+    past the shared tokenizer's ids. A token-agnostic draft (prompt lookup) proposes only ids of the
+    session's own context: any target."""
     if draft_info.token_agnostic:
         return
     if draft_info.tokenizer_fingerprint != target_info.tokenizer_fingerprint:
         draft_fp, target_fp = draft_info.tokenizer_fingerprint[:12], target_info.tokenizer_fingerprint[:12]
+        sizes = ""
+        if draft_info.vocab_size != target_info.vocab_size:
+            sizes = f"; {draft_info.vocab_size} vs {target_info.vocab_size} token ids"
         raise TokenizerMismatchError(
             f"draft {draft_info.model!r} and target {target_info.model!r} have different tokenizers "
-            f"(fingerprints {draft_fp} vs {target_fp}); refusing to speculate across them"
+            f"(fingerprints {draft_fp} vs {target_fp}{sizes}); refusing to speculate across them"
         )
+    for role, info in (("draft", draft_info), ("target", target_info)):
+        if (problem := unscored_ids(role, info.vocab_size, info.padded_vocab_size)) is not None:
+            raise TokenizerMismatchError(f"{info.model!r}: {problem}")
     if draft_info.max_context < target_info.max_context:
         raise ValueError(
             f"the draft's context ({draft_info.max_context}) is shorter than the target's ({target_info.max_context})"

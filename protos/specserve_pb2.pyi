@@ -217,7 +217,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids", "num_sessions", "placement", "token_agnostic")
+    __slots__ = ("model", "tokenizer_fingerprint", "vocab_size", "max_context", "eos_token_ids", "num_sessions", "placement", "token_agnostic", "padded_vocab_size")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +226,7 @@ class ModelInfoResponse(_message.Message):
     NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_AGNOSTIC_FIELD_NUMBER: _ClassVar[int]
+    PADDED_VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     model: str
     tokenizer_fingerprint: str
     vocab_size: int
@@ -234,7 +235,8 @@ class ModelInfoResponse(_message.Message):
     num_sessions: int
     placement: Placement
     token_agnostic: bool
-    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_sessions: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., token_agnostic: _Optional[bool] = ...) -> None: ...
+    padded_vocab_size: int
+    def __init__(self, model: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_sessions: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., token_agnostic: _Optional[bool] = ..., padded_vocab_size: _Optional[int] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("host", "device", "cpus")

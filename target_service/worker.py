@@ -88,6 +88,7 @@ class TargetSession:
             raise ValueError("the prompt must contain at least one token")
         self.sequence = new_sequence(loaded, prompt_token_ids)
         self.generator = make_generator(seed, TARGET_STREAM)
+        self.vocab_size = loaded.vocab_size
 
     def prefill(self, max_tokens: int | None = None, num_left: int = 1) -> bool:
         return self.sequence.prefill(max_tokens, num_left)
@@ -106,8 +107,11 @@ class TargetSession:
     def finish(
         self, proposal: Proposal, sampling: SamplingParams, target_logits: torch.Tensor, num_context: int
     ) -> Verdict:
-        """target_logits: [k + 1, vocab] over the last context token and the k proposals, from one pass."""
+        """target_logits: [k + 1, padded vocab] over the last context token and the k proposals, from one pass.
+        Only the tokenizer's ids compete: padding rows are cut off, as if masked to -inf, so neither argmax nor
+        sampling can choose one, and the rejection rule compares the draft's distribution over the same ids."""
         k = len(proposal.token_ids)
+        target_logits = target_logits[:, : self.vocab_size]  # [k + 1, vocab]
         if sampling.greedy:
             verdict = greedy_verify(proposal.token_ids, target_logits)
         else:

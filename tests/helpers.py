@@ -48,7 +48,8 @@ def exact_joint(
         if len(generated) == num_tokens:
             joint[generated] = probability
             return
-        probs = logits_to_probs(_last_logits(target, prompt_ids + list(generated)), sampling)[0]  # [vocab]
+        logits = _last_logits(target, prompt_ids + list(generated))[:, : target.vocab_size]  # padding rows cut off
+        probs = logits_to_probs(logits, sampling)[0]  # [vocab]
         for token_id in torch.nonzero(probs).flatten().tolist():
             expand(generated + (token_id,), probability * float(probs[token_id]))
 

@@ -67,7 +67,7 @@ class ReferenceDecoder:
 
     @torch.inference_mode()
     def logits(self, prompt_token_ids: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
-        """float32 logits [vocab] after prompt + generated."""
+        """float32 logits [vocab] after prompt + generated, over the tokenizer's ids (padding rows cut off)."""
         prompt = tuple(prompt_token_ids)
         tokens = [*prompt, *generated]
         sequence = self._sequences.get(prompt)
@@ -80,7 +80,7 @@ class ReferenceDecoder:
         sequence.token_ids.extend(tokens[len(sequence.token_ids) :])
         for end in range(sequence.num_cached + 1, len(tokens) + 1):
             logits = sequence.feed(1, upto=end)  # [1, vocab]
-        return logits[-1].float()
+        return logits[-1, : self.target.vocab_size].float()
 
     def _new_sequence(self, token_ids: list[int]) -> CachedSequence | LlamaCppSequence:
         """transformers' own forward pass for a torch model (the reference the lean pass is checked against)."""

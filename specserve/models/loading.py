@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,6 +31,7 @@ from specserve.models.llama_cpp import LlamaCppModel, LlamaCppOptions
 from specserve.models.packing import pack_linears
 from specserve.models.quantized import quantize_int4, quantize_int8
 from specserve.models.registry import Preset, SplitGGUF, TinySpec, get_preset
+from specserve.models.tokenizers import tokenizer_vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +50,18 @@ class LoadedModel:
     max_context: int
     eos_token_ids: frozenset[int]
     load_s: float
+    vocab_size: int = field(init=False)
+    """The ids this model reads and emits: its tokenizer's. Logits past them are padding, never chosen."""
+
+    def __post_init__(self) -> None:
+        # once: get_vocab() builds a dict of the whole vocabulary. A model built without a tokenizer (the
+        # synthetic benchmarks) counts every row as a token.
+        vocab_size = tokenizer_vocab_size(self.tokenizer) if self.tokenizer is not None else self.padded_vocab_size
+        object.__setattr__(self, "vocab_size", vocab_size)
 
     @property
-    def vocab_size(self) -> int:
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and the logits: vocab_size plus padding (152,064 for Qwen2.5-7B's 151,665 ids)."""
         if isinstance(self.model, LlamaCppModel):
             return self.model.vocab_size
         return int(self.model.config.vocab_size)

@@ -44,6 +44,9 @@ class TinySpec:
     derived_from: str | None = None  # build from this preset's weights plus noise (a correlated draft)
     noise: float = 0.0
     later_layer_scale: float = 0.1
+    loud_padding: bool = False
+    """Padding rows of the output layer become scaled copies of the token rows, so some padding id outscores
+    every token wherever a token's logit is positive: a model served with its padding unmasked emits it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,40 @@ PRESETS: dict[str, Preset] = {
                 num_kv_heads=2,
                 derived_from="tiny",
                 noise=0.05,
+            ),
+        ),
+        # A padded pair shaped like Qwen2.5-7B (152,064 rows) and its 0.5B draft (151,936): one tokenizer,
+        # logits widths that differ by padding past the tokenizer's 259 ids, and padding that would win if
+        # either side left it unmasked.
+        Preset(
+            "tiny-padded",
+            "the tiny target padded to 640 logits (259 token ids) with loud padding rows, for tests",
+            TinySpec(
+                seed=1236,
+                hidden_size=64,
+                num_layers=2,
+                intermediate_size=128,
+                num_heads=4,
+                num_kv_heads=2,
+                vocab_size=640,
+                derived_from="tiny",
+                loud_padding=True,
+            ),
+        ),
+        Preset(
+            "tiny-draft-padded",
+            "the tiny draft padded to 576 logits (64 fewer than tiny-padded) with loud padding rows, for tests",
+            TinySpec(
+                seed=1235,
+                hidden_size=64,
+                num_layers=1,
+                intermediate_size=128,
+                num_heads=4,
+                num_kv_heads=2,
+                vocab_size=576,
+                derived_from="tiny",
+                noise=0.05,
+                loud_padding=True,
             ),
         ),
     )

@@ -34,8 +34,12 @@ class StepGraphs:
     """`step(sequences)` feeds each sequence's pending tokens one position at a time, all sequences
     together, and returns the logits after the last one."""
 
-    def __init__(self, model: PreTrainedModel, pool: SlotPool, cuda_graphs: bool) -> None:
+    def __init__(
+        self, model: PreTrainedModel, pool: SlotPool, cuda_graphs: bool, vocab_size: int | None = None
+    ) -> None:
+        """vocab_size: the tokenizer's ids; logit rows past them are padding, cut off before the argmax."""
         self.model, self.pool = model, pool
+        self.vocab_size = vocab_size
         self.device = model.device
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         rotary = model.model.rotary_emb
@@ -115,7 +119,7 @@ class StepGraphs:
             mlp = layer.mlp
             normed = rms_norm(layer.post_attention_layernorm, hidden)
             hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(normed)) * mlp.up_proj(normed))
-        logits = model.lm_head(rms_norm(model.model.norm, hidden))[:, 0]  # [B, vocab]
+        logits = model.lm_head(rms_norm(model.model.norm, hidden))[:, 0, : self.vocab_size]  # [B, vocab]
         scores = logits.float()
         best = scores.argmax(dim=-1)
         prob = torch.exp(scores.gather(1, best[:, None])[:, 0] - torch.logsumexp(scores, dim=-1))

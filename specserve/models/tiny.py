@@ -86,8 +86,25 @@ def build_model(spec: TinySpec, base: Qwen2ForCausalLM | None = None) -> Qwen2Fo
             base_params = dict(base.named_parameters())
             generator = torch.Generator().manual_seed(spec.seed)
             for name, param in model.named_parameters():
-                if name in base_params and base_params[name].shape == param.shape:
-                    source = base_params[name]
-                    noise = torch.randn(param.shape, generator=generator) * source.std().clamp_min(1e-3) * spec.noise
-                    param.copy_(source + noise if param.dim() > 1 else source)
+                if name in base_params and base_params[name].shape[1:] == param.shape[1:]:
+                    rows = min(len(param), len(base_params[name]))  # the embedding and head may differ in padding
+                    source, target = base_params[name][:rows], param[:rows]
+                    noise = torch.randn(target.shape, generator=generator) * source.std().clamp_min(1e-3) * spec.noise
+                    target.copy_(source + noise if param.dim() > 1 else source)
+        if spec.loud_padding:
+            _make_padding_loud(model.lm_head.weight)
     return model.eval()
+
+
+NUM_TOKEN_IDS = NUM_BYTES + len(SPECIAL_TOKENS)
+LOUD_PADDING_SCALE = 4.0
+
+
+def _make_padding_loud(head: torch.Tensor) -> None:
+    """head: [padded vocab, hidden]. Padding row 259 + j = 4 x token row j (cycling): wherever the best token's
+    logit is positive, a padding id's is four times it. Needs padding rows for every token row."""
+    num_padding = len(head) - NUM_TOKEN_IDS
+    if num_padding < NUM_TOKEN_IDS:
+        raise ValueError(f"loud_padding needs vocab_size >= {2 * NUM_TOKEN_IDS}, got {len(head)}")
+    copies = head[:NUM_TOKEN_IDS].repeat(num_padding // NUM_TOKEN_IDS + 1, 1)[:num_padding]
+    head[NUM_TOKEN_IDS:] = LOUD_PADDING_SCALE * copies

@@ -12,31 +12,45 @@ if TYPE_CHECKING:  # annotations only: the transport maps TokenizerMismatchError
 
 
 class TokenizerMismatchError(ValueError):
-    """Draft and target tokenizers (or vocabulary sizes) differ."""
+    """Draft and target tokenizers differ, or a model has no logits for some of its tokenizer's ids."""
+
+
+def tokenizer_vocab_size(tokenizer: PreTrainedTokenizerBase) -> int:
+    """How many ids stand for tokens: one past the highest id that is not a padding placeholder.
+
+    Models pad their embedding beyond the tokenizer (Qwen2.5: 151,665 token ids; 151,936 rows at 0.5B,
+    152,064 at 7B). llama.cpp's GGUF conversion names each padding id `[PAD<id>]` in the vocabulary, so
+    a tokenizer read from a GGUF lists them; they are padding all the same."""
+    return 1 + max(idx for token, idx in tokenizer.get_vocab().items() if token != f"[PAD{idx}]")
 
 
 @dataclass(frozen=True, slots=True)
 class TokenizerSpec:
-    """What must match for token ids to mean the same text on both sides."""
+    """What must match for token ids to mean the same text on both sides, and the model's logits width,
+    which may differ: rows past the tokenizer's ids are padding, masked out of both sides' distributions."""
 
-    vocab: dict[str, int]
+    vocab: dict[str, int]  # every token below vocab_size -> id
     merges: list[str]
     special_tokens: dict[str, int]  # every added/special token -> id
-    model_vocab_size: int
+    vocab_size: int  # the tokenizer's ids: 0..vocab_size - 1
+    padded_vocab_size: int  # the model's logits width: vocab_size plus padding rows no token uses
 
     @classmethod
-    def of(cls, tokenizer: PreTrainedTokenizerBase, model_vocab_size: int) -> TokenizerSpec:
-        special = {tok.content: idx for idx, tok in tokenizer.added_tokens_decoder.items()}
+    def of(cls, tokenizer: PreTrainedTokenizerBase, padded_vocab_size: int) -> TokenizerSpec:
+        added = tokenizer.added_tokens_decoder.items()
+        special = {tok.content: idx for idx, tok in added if tok.content != f"[PAD{idx}]"}  # padding is not a token
         for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
             value = getattr(tokenizer, name, None)
             if value is not None:
                 special.setdefault(f"{name}:{value}", tokenizer.convert_tokens_to_ids(value))
-        return cls(dict(tokenizer.get_vocab()), _merges(tokenizer), special, model_vocab_size)
+        vocab_size = tokenizer_vocab_size(tokenizer)
+        vocab = {token: idx for token, idx in tokenizer.get_vocab().items() if idx < vocab_size}
+        return cls(vocab, _merges(tokenizer), special, vocab_size, padded_vocab_size)
 
     def fingerprint(self) -> str:
-        """sha256 over everything compared, so remote services can compare in one string."""
+        """sha256 over everything that must match (not the padded width), so remote services compare one string."""
         blob = json.dumps(
-            [sorted(self.vocab.items()), self.merges, sorted(self.special_tokens.items()), self.model_vocab_size]
+            [sorted(self.vocab.items()), self.merges, sorted(self.special_tokens.items()), self.vocab_size]
         )
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -50,10 +64,13 @@ def _merges(tokenizer: PreTrainedTokenizerBase) -> list[str]:
 
 
 def check_compatible(draft: TokenizerSpec, target: TokenizerSpec) -> None:
-    """Raise TokenizerMismatchError naming every difference; return quietly when they match."""
-    problems: list[str] = []
-    if draft.model_vocab_size != target.model_vocab_size:
-        problems.append(f"model vocab sizes differ: draft {draft.model_vocab_size}, target {target.model_vocab_size}")
+    """Raise TokenizerMismatchError naming every difference; return quietly when they match. The logits
+    widths may differ (padding), as long as each model scores every id of its tokenizer."""
+    problems = [
+        problem
+        for role, spec in (("draft", draft), ("target", target))
+        if (problem := unscored_ids(role, spec.vocab_size, spec.padded_vocab_size)) is not None
+    ]
     if draft.vocab != target.vocab:
         problems.append("vocabularies differ: " + _dict_diff(draft.vocab, target.vocab))
     if draft.merges != target.merges:
@@ -67,6 +84,16 @@ def check_compatible(draft: TokenizerSpec, target: TokenizerSpec) -> None:
             "draft and target tokenizers are not compatible, so draft token ids would not mean the target's "
             "tokens: " + "; ".join(problems)
         )
+
+
+def unscored_ids(role: str, vocab_size: int, padded_vocab_size: int) -> str | None:
+    """What is wrong when a model has logits for fewer ids than its tokenizer has; None when it has enough."""
+    if padded_vocab_size >= vocab_size:
+        return None
+    return (
+        f"the {role} model has logits for {padded_vocab_size} ids but its tokenizer has {vocab_size}: "
+        f"ids {padded_vocab_size}..{vocab_size - 1} could never be scored"
+    )
 
 
 def _dict_diff(draft: dict[str, int], target: dict[str, int], show: int = 3) -> str:

@@ -85,6 +85,7 @@ def model_info_to_proto(loaded: LoadedModel, fingerprint: str, placement: Placem
         model=loaded.name,
         tokenizer_fingerprint=fingerprint,
         vocab_size=loaded.vocab_size,
+        padded_vocab_size=loaded.padded_vocab_size,
         max_context=loaded.max_context,
         eos_token_ids=sorted(loaded.eos_token_ids),
         placement=pb.Placement(host=placement.host, device=placement.device, cpus=sorted(placement.cpus)),

@@ -49,7 +49,7 @@ class SessionServicer(WorkerServicer):
 
     def attach(self, worker: Any) -> None:
         super().attach(worker)
-        self.fingerprint = TokenizerSpec.of(worker.loaded.tokenizer, worker.loaded.vocab_size).fingerprint()
+        self.fingerprint = TokenizerSpec.of(worker.loaded.tokenizer, worker.loaded.padded_vocab_size).fingerprint()
         self.placement = this_process(str(worker.loaded.device))
 
     def model_info(self) -> pb.ModelInfoResponse:
