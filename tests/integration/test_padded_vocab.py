@@ -16,13 +16,13 @@ from transformers import PreTrainedTokenizerFast
 
 import target_service.worker
 from draft_service.worker import DraftWorker
+from inprocess.engine import SpeculativeEngine
 from orchestrator.client import SpecServeClient
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.bench.synthetic import lockstep
 from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams, Verdict
-from specserve.engine import SpeculativeEngine
 from specserve.models import tiny
 from specserve.models.loading import LoadedModel, ModelConfig, load_model
 from specserve.models.registry import TinySpec, get_preset
