@@ -338,7 +338,8 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
             row["mean_acceptance_length"] = round(mode.num_tokens / mode.num_target_passes, 3)
         if mode is not reference and mode.settings.startswith(f"target {_dtype(target)}"):
             row.update(_lossless(decoder, prompts, reference, mode))
-        elif mode.name.startswith("llama.cpp"):  # another engine: how long its greedy output agrees with ours
+        elif mode.kind == "target-only" or mode.name.startswith("llama.cpp"):
+            # another engine or dtype: how long its greedy output agrees with ours
             row["agreement_with_target_only"] = _agreement(reference, mode)
         rows.append(row)
     return {
