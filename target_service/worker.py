@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
 from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.core.verify import TARGET_STREAM, greedy_verify, logits_to_probs, make_generator, rejection_sample
 from specserve.models.batching import feed_batch
 from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.loading import LoadedModel
-from specserve.models.sequence import check_prompt, check_token_ids, new_sequence
+from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids, new_sequence
+from specserve.models.slot_cache import SlotCacheConfig, SlotPool, SlotSequence
 from specserve.worker.sessions import SessionNotFoundError, SessionStore
 
 
@@ -25,13 +27,32 @@ class VerifyCall:
 class TargetWorker:
     """The target model; sessions keyed by id for the service, or unmanaged via open_session()."""
 
-    def __init__(self, loaded: LoadedModel, max_sessions: int = 256, idle_ttl_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_sessions: int = 256,
+        idle_ttl_s: float = 300.0,
+        slot_cache: SlotCacheConfig | None = None,
+    ) -> None:
+        """slot_cache: sessions' KV caches in a preallocated pool (models/slot_cache.py), fed one session per
+        pass by the same lean pass as a growing cache, so outputs are unchanged; off unless given."""
         self.loaded = loaded
         self.sessions: SessionStore[TargetSession] = SessionStore(max_sessions, idle_ttl_s)
+        self.pool: SlotPool | None = None
+        if slot_cache is not None and slot_cache.active_on(loaded.device) and loaded.decoder is not None:
+            assert isinstance(loaded.model, PreTrainedModel)
+            self.pool = SlotPool(loaded.model, slot_cache)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> TargetSession:
         check_prompt(prompt_token_ids, self.loaded)
-        return TargetSession(self.loaded, prompt_token_ids, seed)
+        session = TargetSession(self.loaded, prompt_token_ids, seed)
+        pool, decoder = self.pool, self.loaded.decoder
+        if pool is not None and decoder is not None and len(prompt_token_ids) < pool.tokens_per_slot:
+            slot = pool.acquire()
+            if slot is not None:  # else a growing cache
+                assert isinstance(self.loaded.model, PreTrainedModel)
+                session.sequence = SlotSequence(self.loaded.model, prompt_token_ids, decoder, pool, slot)
+        return session
 
     def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None = None) -> None:
         session = self.open_session(prompt_token_ids, seed)
@@ -56,6 +77,8 @@ class TargetWorker:
             except (ValueError, SessionNotFoundError) as error:
                 results[i] = error
         if ready:
+            for _, session, call in ready:
+                session.make_room(len(call.proposal.token_ids) + 1)
             num_contexts = [session.begin(call.proposal) for _, session, call in ready]
             logits = feed_batch([s.sequence for _, s, _ in ready], [len(c.proposal.token_ids) + 1 for _, _, c in ready])
             for (i, session, call), target_logits, num_context in zip(ready, logits, num_contexts):
@@ -75,8 +98,8 @@ class TargetWorker:
 
     def release(self, session_id: str) -> bool:
         session = self.sessions.pop(session_id)
-        if session is not None and isinstance(session.sequence, LlamaCppSequence):
-            session.sequence.release()  # its KV entries and sequence id, now rather than when collected
+        if session is not None and isinstance(session.sequence, (LlamaCppSequence, SlotSequence)):
+            session.sequence.release()  # its KV entries, now rather than when collected
         return session is not None
 
 
@@ -86,7 +109,7 @@ class TargetSession:
     def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
-        self.sequence = new_sequence(loaded, prompt_token_ids)
+        self.sequence: CachedSequence | LlamaCppSequence | SlotSequence = new_sequence(loaded, prompt_token_ids)
         self.generator = make_generator(seed, TARGET_STREAM)
         self.vocab_size = loaded.vocab_size
 
@@ -94,9 +117,16 @@ class TargetSession:
         return self.sequence.prefill(max_tokens, num_left)
 
     def verify(self, proposal: Proposal, sampling: SamplingParams) -> Verdict:
+        self.make_room(len(proposal.token_ids) + 1)
         num_context = self.begin(proposal)
         target_logits = self.sequence.feed(len(proposal.token_ids) + 1)
         return self.finish(proposal, sampling, target_logits, num_context)
+
+    def make_room(self, num_tokens: int) -> None:
+        """A sequence in a pool slot that `num_tokens` more would overflow moves to a growing cache."""
+        sequence = self.sequence
+        if isinstance(sequence, SlotSequence) and not sequence.fits(len(sequence.token_ids) + num_tokens):
+            self.sequence = sequence.to_growing()
 
     def begin(self, proposal: Proposal) -> int:
         """Queue the proposals behind the pending last context token; returns the context length."""

@@ -56,7 +56,9 @@ def feed_batch(sequences: list[CachedSequence] | list[LlamaCppSequence], num_log
 
 
 def _is_initialized(sequence: CachedSequence) -> bool:
-    return sequence.num_cached > 0 and all(layer.is_initialized for layer in sequence.cache.layers)
+    """A growing cache with entries in every layer (a pool slot's sequence has none: it is fed alone)."""
+    cache = getattr(sequence, "cache", None)
+    return cache is not None and sequence.num_cached > 0 and all(layer.is_initialized for layer in cache.layers)
 
 
 def _left_padded_cache(sequences: list[CachedSequence], length: int) -> DynamicCache:

@@ -1,6 +1,8 @@
-"""A draft's KV caches in one preallocated pool, one slot per session, so that a batched one-token draft step
-has fixed shapes and can be replayed as a CUDA graph (models/step_graphs.py). Draft only: its numbers never
-reach the output, so its attention over a padded slot need not round as the target's (docs/architecture.md)."""
+"""KV caches in one preallocated pool, one slot per session, so that a batched one-token draft step has fixed
+shapes and can be replayed as a CUDA graph (models/step_graphs.py). The graphed batched step is the draft's
+only: its attention over a padded slot rounds differently, which a draft may. A target's sessions may sit in
+a pool too (TargetWorker's slot_cache), fed one at a time by the lean pass, which gives the growing cache's
+numbers exactly (docs/architecture.md)."""
 
 from __future__ import annotations
 
