@@ -33,6 +33,8 @@ class PassReport:
 
     compute_s: float
     batch_size: int
+    pass_s: float = 0.0
+    """Of compute_s, the time in the model's forward passes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +125,7 @@ class DraftClient(_WorkerClient):
         )
         response = await self._call("Propose", request, timeout_s or self.deadlines.round_s)
         probs = response.probs if response.HasField("probs") else None
-        report = PassReport(response.compute_ms / 1000, response.batch_size)
+        report = PassReport(response.compute_ms / 1000, response.batch_size, response.pass_ms / 1000)
         return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size, response.source), report
 
 
@@ -143,7 +145,7 @@ class TargetClient(_WorkerClient):
             sampling=convert.sampling_to_proto(sampling),
         )
         response = await self._call("Verify", request, self.deadlines.round_s)
-        report = PassReport(response.compute_ms / 1000, response.batch_size)
+        report = PassReport(response.compute_ms / 1000, response.batch_size, response.pass_ms / 1000)
         return convert.verdict_from_proto(response), report
 
 

@@ -90,6 +90,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--confidence-threshold (HF's default schedule: 0.4)",
     )  # fmt: skip
     parser.add_argument(
+        "--overhead", action="store_true", help="instead: the served stack's host overhead per round (wall time "
+        "less the forward passes it waited for) at target-only and each of --ks, at --concurrency clients "
+        "(default: 1 16), --requests-per-client each, --repeats turns",
+    )  # fmt: skip
+    parser.add_argument(
         "--check-ties", action="store_true", help="with --concurrency/--request-rate, greedy: afterwards, load the "
         "target here and check that every output departing from target-only's does so at a near-tie of the "
         "target's top two logits (exit status 1 if one does not)",
@@ -101,6 +106,8 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
     from specserve.bench.report import format_table, machine
     from specserve.bench.runner import BenchConfig, run_bench
 
+    if args.overhead:
+        return _bench_overhead(args, config)
     if args.concurrency or args.request_rate:
         return _bench_load(args, config)
 
@@ -120,6 +127,27 @@ def cmd_bench(args: argparse.Namespace, config: EngineConfig) -> int:
     summary["machine"] = machine()
     print(format_table(summary))
     if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _bench_overhead(args: argparse.Namespace, config: EngineConfig) -> int:
+    """Host overhead per round of the served stack (specserve/bench/overhead.py)."""
+    from specserve.bench.overhead import format_rows, run_overhead_bench
+    from specserve.bench.report import machine
+
+    if config.draft is None:
+        raise ValueError("--overhead measures target-only and speculative rounds: it needs a draft")
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    concurrency = args.concurrency or [1, 16]
+    rows = run_overhead_bench(
+        config.target, config.draft, args.ks, concurrency, args.max_tokens, args.requests_per_client, args.repeats
+    )
+    print(format_rows(rows))
+    if args.json:
+        command = "specserve " + " ".join(sys.argv[1:])
+        summary = {"date": started, "command": command, "machine": machine(), "rows": rows}
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0

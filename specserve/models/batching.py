@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from specserve.models.pass_clock import model_pass
 from specserve.models.sequence import CachedSequence
 
 
@@ -19,6 +20,11 @@ def feed_batch(sequences: list[CachedSequence], num_logits: list[int]) -> list[t
     assert len(sequences) == len(num_logits) and sequences
     if len(sequences) == 1 or any(not _is_initialized(s) for s in sequences):
         return [s.feed(n) for s, n in zip(sequences, num_logits)]
+    with model_pass():  # the caches' padding and copying back included: this layout's cost of a batch
+        return _feed_padded(sequences, num_logits)
+
+
+def _feed_padded(sequences: list[CachedSequence], num_logits: list[int]) -> list[torch.Tensor]:
     model = sequences[0].model
     device = model.device
     cached = [s.num_cached for s in sequences]
