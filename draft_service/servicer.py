@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 import torch
 
@@ -65,3 +67,10 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
         response = convert.proposal_to_proto(proposal)
         response.compute_ms, response.batch_size, response.pass_ms = seconds * 1000, len(batch), pass_s * 1000
         return response
+
+    async def ProposeStream(
+        self, requests: AsyncIterator[pb.ProposeRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProposeResponse]:
+        """A session's Propose calls as messages (SessionServicer.answer_rounds)."""
+        async for response in self.answer_rounds(requests, context, self.Propose):
+            yield response

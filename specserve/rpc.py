@@ -300,11 +300,19 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
     for method in service.methods:
         parse = GetMessageClass(method.input_type).FromString
         serialize = GetMessageClass(method.output_type).SerializeToString
-        kind = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        kind = _handler_kind(method.client_streaming, method.server_streaming)
         handlers[method.name] = kind(
             getattr(servicer, method.name), request_deserializer=_tolerant(parse), response_serializer=serialize
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _handler_kind(client_streaming: bool, server_streaming: bool) -> Callable[..., grpc.RpcMethodHandler]:
+    if client_streaming:
+        if not server_streaming:
+            raise ValueError("specserve has no client-streaming methods with a unary response")
+        return grpc.stream_stream_rpc_method_handler
+    return grpc.unary_stream_rpc_method_handler if server_streaming else grpc.unary_unary_rpc_method_handler
 
 
 def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
@@ -384,6 +392,8 @@ class WorkerServicer:
     def __init__(self) -> None:
         self.executor = ModelExecutor(self.executor_name)
         self._worker: Any = None
+        self.stopping = False
+        """The server is stopping: as it refuses new calls, a session's round stream refuses its next round."""
 
     def attach(self, worker: Any) -> None:
         self._worker = worker
@@ -438,5 +448,6 @@ async def serve_worker(
                 if evicted:
                     logger.info("evicted %d idle sessions", len(evicted))
     finally:
+        servicer.stopping = True
         await server.stop()
         servicer.executor.shutdown()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 
 from protos import convert
@@ -37,3 +39,10 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
         response.compute_ms, response.batch_size, response.pass_ms = seconds * 1000, len(batch), pass_s * 1000
         response.batch_tokens = sum(len(c.proposal.token_ids) + 1 for c in batch)
         return response
+
+    async def VerifyStream(
+        self, requests: AsyncIterator[pb.VerifyRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.VerifyResponse]:
+        """A session's Verify calls as messages (SessionServicer.answer_rounds)."""
+        async for response in self.answer_rounds(requests, context, self.Verify):
+            yield response
