@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 import torch
 
@@ -10,6 +12,7 @@ from draft_service.worker import DraftWorker, ProposeCall
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import Proposal
+from specserve.models.pass_clock import with_pass_seconds
 from specserve.placement import this_process, usable_cpu_count
 from specserve.rpc import unary_errors
 from specserve.worker import convert
@@ -20,7 +23,7 @@ from specserve.worker.servicer import SessionServicer, WorkerServicer
 class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
     executor_name = "draft-model"
     worker: DraftWorker | LookupWorker
-    queue: BatchQueue[ProposeCall, Proposal]
+    queue: BatchQueue[ProposeCall, tuple[Proposal, float]]  # with the batch's pass seconds
     cpu_threads: tuple[int, int] | None = None
     """On the CPU: (the draft's own share of the cores, every core it may use)."""
 
@@ -32,7 +35,8 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
             super().attach(worker)
         if isinstance(worker, DraftWorker) and worker.loaded.device.type == "cpu":
             self.cpu_threads = (torch.get_num_threads(), max(torch.get_num_threads(), usable_cpu_count()))
-        self.queue = BatchQueue(self.executor, self.propose_batch, lambda c: c.session_id, self.max_batch_size)
+        propose_batch = with_pass_seconds(self.propose_batch)
+        self.queue = BatchQueue(self.executor, propose_batch, lambda c: c.session_id, self.max_batch_size)
 
     def model_info(self) -> pb.ModelInfoResponse:
         if isinstance(self.worker, LookupWorker):
@@ -60,7 +64,14 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
             request.session_id, request.num_kept, list(request.new_token_ids), request.k, sampling,
             request.confidence_threshold, request.target_idle,
         )  # fmt: skip
-        proposal, seconds, batch = await self.queue.submit(call)
+        (proposal, pass_s), seconds, batch = await self.queue.submit(call)
         response = convert.proposal_to_proto(proposal)
-        response.compute_ms, response.batch_size = seconds * 1000, len(batch)
+        response.compute_ms, response.batch_size, response.pass_ms = seconds * 1000, len(batch), pass_s * 1000
         return response
+
+    async def ProposeStream(
+        self, requests: AsyncIterator[pb.ProposeRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProposeResponse]:
+        """A session's Propose calls as messages (SessionServicer.answer_rounds)."""
+        async for response in self.answer_rounds(requests, context, self.Propose):
+            yield response

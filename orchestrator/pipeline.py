@@ -408,7 +408,9 @@ class RemoteRequest:
         if result is None:
             return Proposal([])
         proposal, report = result
-        self.decoder.result.stats.transport_s += time.perf_counter() - started - report.compute_s
+        stats = self.decoder.result.stats
+        stats.transport_s += time.perf_counter() - started - report.compute_s
+        stats.draft_pass_s += report.pass_s
         return proposal
 
     def _start_predraft(self, proposal: Proposal) -> asyncio.Task[tuple[Proposal, PassReport] | None] | None:
@@ -466,7 +468,9 @@ class RemoteRequest:
         started = time.perf_counter()
         async with self._turn(Phase.VERIFY, late_ok=not proposal.token_ids):
             verdict, report = await self._on_target(lambda c: c.verify(self.session_id, proposal, self.plan.sampling))
-        self.decoder.result.stats.transport_s += time.perf_counter() - started - report.compute_s
+        stats = self.decoder.result.stats
+        stats.transport_s += time.perf_counter() - started - report.compute_s
+        stats.target_pass_s += report.pass_s
         return verdict
 
     async def _release(self) -> None:

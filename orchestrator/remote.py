@@ -9,9 +9,11 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from orchestrator.round_stream import RoundStreams
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import Proposal, SamplingParams, Verdict
+from specserve.logs import RpcObserver
 from specserve.placement import Placement
 from specserve.rpc import server_options
 from specserve.security import TLSConfig, aio_channel
@@ -33,6 +35,8 @@ class PassReport:
 
     compute_s: float
     batch_size: int
+    pass_s: float = 0.0
+    """Of compute_s, the time in the model's forward passes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +57,18 @@ class _WorkerClient:
     """The calls both services answer; `stub` is the service's own."""
 
     stub: pb_grpc.DraftServiceStub | pb_grpc.TargetServiceStub
+    rounds: RoundStreams
+    """The sessions' round calls (Propose or Verify), a stream per session."""
 
     def __init__(
         self, address: str, deadlines: Deadlines, tls: TLSConfig | None = None,
-        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (), observe: RpcObserver | None = None,
     ) -> None:  # fmt: skip
-        """tls: call the worker over TLS (its certificate checked against tls.ca, ours presented)."""
+        """tls: call the worker over TLS (its certificate checked against tls.ca, ours presented); observe:
+        told of every round call on a stream (unary calls: by the interceptors)."""
         self.address = address
         self.deadlines = deadlines
+        self.observe = observe
         self.channel = aio_channel(address, tls, options=server_options(), interceptors=interceptors)
 
     async def _call(self, method: str, request: Message, timeout_s: float) -> Any:
@@ -87,19 +95,22 @@ class _WorkerClient:
         return response.first_token_id if response.HasField("first_token_id") else None
 
     async def release(self, session_id: str) -> None:
+        self.rounds.close(session_id)
         await self._call("Release", pb.ReleaseRequest(session_id=session_id), self.deadlines.control_s)
 
     async def close(self, grace_s: float | None = None) -> None:
+        self.rounds.close_all()
         await self.channel.close(grace_s)
 
 
 class DraftClient(_WorkerClient):
     def __init__(
         self, address: str, deadlines: Deadlines = Deadlines(), tls: TLSConfig | None = None,
-        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (), observe: RpcObserver | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(address, deadlines, tls, interceptors)
+        super().__init__(address, deadlines, tls, interceptors, observe)
         self.stub = pb_grpc.DraftServiceStub(self.channel)
+        self.rounds = RoundStreams(address, self.stub.ProposeStream, "/specserve.v1.DraftService/Propose", observe)
 
     async def propose(
         self,
@@ -123,19 +134,20 @@ class DraftClient(_WorkerClient):
             confidence_threshold=confidence_threshold,
             target_idle=target_idle,
         )
-        response = await self._call("Propose", request, timeout_s or self.deadlines.round_s)
+        response = await self.rounds.call(session_id, request, timeout_s or self.deadlines.round_s)
         probs = response.probs if response.HasField("probs") else None
-        report = PassReport(response.compute_ms / 1000, response.batch_size)
+        report = PassReport(response.compute_ms / 1000, response.batch_size, response.pass_ms / 1000)
         return convert.proposal_from_proto(list(response.token_ids), probs, vocab_size, response.source), report
 
 
 class TargetClient(_WorkerClient):
     def __init__(
         self, address: str, deadlines: Deadlines = Deadlines(), tls: TLSConfig | None = None,
-        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (), observe: RpcObserver | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(address, deadlines, tls, interceptors)
+        super().__init__(address, deadlines, tls, interceptors, observe)
         self.stub = pb_grpc.TargetServiceStub(self.channel)
+        self.rounds = RoundStreams(address, self.stub.VerifyStream, "/specserve.v1.TargetService/Verify", observe)
 
     async def verify(self, session_id: str, proposal: Proposal, sampling: SamplingParams) -> tuple[Verdict, PassReport]:
         request = pb.VerifyRequest(
@@ -144,8 +156,8 @@ class TargetClient(_WorkerClient):
             draft_probs=convert.probs_to_proto(proposal.probs),
             sampling=convert.sampling_to_proto(sampling),
         )
-        response = await self._call("Verify", request, self.deadlines.round_s)
-        report = PassReport(response.compute_ms / 1000, response.batch_size)
+        response = await self.rounds.call(session_id, request, self.deadlines.round_s)
+        report = PassReport(response.compute_ms / 1000, response.batch_size, response.pass_ms / 1000)
         return convert.verdict_from_proto(response), report
 
 

@@ -29,15 +29,17 @@ async def connect(config: OrchestratorConfig, fleet: Fleet, ready_timeout_s: flo
     """Wait for the first target (and draft) replica, check that they pair, then keep in step with the fleet."""
     metrics = Metrics()
     interceptors = [RequestIdClientInterceptor(metrics.observe_rpc)]  # request ids out, call latencies in
+    observe = metrics.observe_rpc  # the round calls on streams
     target_pool = ReplicaPool(
-        "target", functools.partial(TargetClient, tls=config.worker_tls, interceptors=interceptors)
+        "target",
+        functools.partial(TargetClient, tls=config.worker_tls, interceptors=interceptors, observe=observe),
     )
     pools = [target_pool]
     draft_pool = None
     if fleet.desired("draft") > 0:
         draft_pool = ReplicaPool(
             "draft",
-            functools.partial(DraftClient, tls=config.worker_tls, interceptors=interceptors),
+            functools.partial(DraftClient, tls=config.worker_tls, interceptors=interceptors, observe=observe),
             check=lambda info: check_pair(info, _info(target_pool)),
         )
         pools.append(draft_pool)

@@ -39,7 +39,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("proposed", "accepted", "acceptance_rate", "rounds", "tokens_per_second", "time_to_first_token_ms", "mean_acceptance_length", "prompt_tokens", "generated_tokens", "draft_ms", "target_ms", "total_ms", "transport_ms", "rejections", "proposed_at_position", "accepted_at_position", "draft_hidden_ms", "proposed_by_source", "accepted_by_source")
+    __slots__ = ("proposed", "accepted", "acceptance_rate", "rounds", "tokens_per_second", "time_to_first_token_ms", "mean_acceptance_length", "prompt_tokens", "generated_tokens", "draft_ms", "target_ms", "total_ms", "transport_ms", "rejections", "proposed_at_position", "accepted_at_position", "draft_hidden_ms", "proposed_by_source", "accepted_by_source", "draft_pass_ms", "target_pass_ms")
     class ProposedBySourceEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,8 @@ class GenerationStats(_message.Message):
     DRAFT_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_BY_SOURCE_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_BY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PASS_MS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PASS_MS_FIELD_NUMBER: _ClassVar[int]
     proposed: int
     accepted: int
     acceptance_rate: float
@@ -92,7 +94,9 @@ class GenerationStats(_message.Message):
     draft_hidden_ms: float
     proposed_by_source: _containers.ScalarMap[str, int]
     accepted_by_source: _containers.ScalarMap[str, int]
-    def __init__(self, proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., rounds: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transport_ms: _Optional[float] = ..., rejections: _Optional[int] = ..., proposed_at_position: _Optional[_Iterable[int]] = ..., accepted_at_position: _Optional[_Iterable[int]] = ..., draft_hidden_ms: _Optional[float] = ..., proposed_by_source: _Optional[_Mapping[str, int]] = ..., accepted_by_source: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    draft_pass_ms: float
+    target_pass_ms: float
+    def __init__(self, proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., rounds: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transport_ms: _Optional[float] = ..., rejections: _Optional[int] = ..., proposed_at_position: _Optional[_Iterable[int]] = ..., accepted_at_position: _Optional[_Iterable[int]] = ..., draft_hidden_ms: _Optional[float] = ..., proposed_by_source: _Optional[_Mapping[str, int]] = ..., accepted_by_source: _Optional[_Mapping[str, int]] = ..., draft_pass_ms: _Optional[float] = ..., target_pass_ms: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats")
@@ -285,18 +289,20 @@ class ProposeRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., num_kept: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., confidence_threshold: _Optional[float] = ..., target_idle: _Optional[bool] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("token_ids", "probs", "compute_ms", "batch_size", "source")
+    __slots__ = ("token_ids", "probs", "compute_ms", "batch_size", "source", "pass_ms")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PASS_MS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: SparseProbs
     compute_ms: float
     batch_size: int
     source: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+    pass_ms: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., source: _Optional[str] = ..., pass_ms: _Optional[float] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "draft_token_ids", "draft_probs", "sampling")
@@ -311,18 +317,20 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("token_ids", "num_accepted", "compute_ms", "batch_size", "batch_tokens")
+    __slots__ = ("token_ids", "num_accepted", "compute_ms", "batch_size", "batch_tokens", "pass_ms")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PASS_MS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_accepted: int
     compute_ms: float
     batch_size: int
     batch_tokens: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
+    pass_ms: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., pass_ms: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -328,6 +328,11 @@ class DraftServiceStub:
                 request_serializer=protos_dot_specserve__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=protos_dot_specserve__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.ProposeStream = channel.stream_stream(
+                '/specserve.v1.DraftService/ProposeStream',
+                request_serializer=protos_dot_specserve__pb2.ProposeRequest.SerializeToString,
+                response_deserializer=protos_dot_specserve__pb2.ProposeResponse.FromString,
+                _registered_method=True)
 
 
 class DraftServiceServicer:
@@ -357,6 +362,14 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProposeStream(self, request_iterator, context):
+        """One session's Propose calls in order on one stream, a response per request: a round costs a message
+        each way instead of a call. An error ends the stream with the status Propose would have answered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DraftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -379,6 +392,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=protos_dot_specserve__pb2.ReleaseRequest.FromString,
                     response_serializer=protos_dot_specserve__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'ProposeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProposeStream,
+                    request_deserializer=protos_dot_specserve__pb2.ProposeRequest.FromString,
+                    response_serializer=protos_dot_specserve__pb2.ProposeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -499,6 +517,33 @@ class DraftService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def ProposeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specserve.v1.DraftService/ProposeStream',
+            protos_dot_specserve__pb2.ProposeRequest.SerializeToString,
+            protos_dot_specserve__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class TargetServiceStub:
     """Missing associated documentation comment in .proto file."""
@@ -529,6 +574,11 @@ class TargetServiceStub:
                 request_serializer=protos_dot_specserve__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=protos_dot_specserve__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.VerifyStream = channel.stream_stream(
+                '/specserve.v1.TargetService/VerifyStream',
+                request_serializer=protos_dot_specserve__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=protos_dot_specserve__pb2.VerifyResponse.FromString,
+                _registered_method=True)
 
 
 class TargetServiceServicer:
@@ -558,6 +608,13 @@ class TargetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyStream(self, request_iterator, context):
+        """One session's Verify calls on one stream, as DraftService.ProposeStream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -580,6 +637,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=protos_dot_specserve__pb2.ReleaseRequest.FromString,
                     response_serializer=protos_dot_specserve__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'VerifyStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.VerifyStream,
+                    request_deserializer=protos_dot_specserve__pb2.VerifyRequest.FromString,
+                    response_serializer=protos_dot_specserve__pb2.VerifyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -690,6 +752,33 @@ class TargetService:
             '/specserve.v1.TargetService/Release',
             protos_dot_specserve__pb2.ReleaseRequest.SerializeToString,
             protos_dot_specserve__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specserve.v1.TargetService/VerifyStream',
+            protos_dot_specserve__pb2.VerifyRequest.SerializeToString,
+            protos_dot_specserve__pb2.VerifyResponse.FromString,
             options,
             channel_credentials,
             insecure,

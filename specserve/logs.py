@@ -158,7 +158,23 @@ def _traced(handler: grpc.RpcMethodHandler, method: str, given: str | None) -> g
                 done(context, started, error)
 
         return handler._replace(unary_unary=unary)
-    return handler  # specserve has no client-streaming methods
+    if handler.response_streaming and handler.request_streaming:  # a session's round stream: one line at its end
+        rounds = handler.stream_stream
+
+        async def stream_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            bind_request_id(given)
+            started, error = time.perf_counter(), None
+            try:
+                async for item in rounds(requests, context):
+                    yield item
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                done(context, started, error)
+
+        return handler._replace(stream_stream=stream_stream)
+    return handler  # specserve has no client-streaming methods with a unary response
 
 
 RpcObserver = Callable[[str, grpc.StatusCode, float], None]

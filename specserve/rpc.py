@@ -133,11 +133,19 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
     for method in service.methods:
         parse = GetMessageClass(method.input_type).FromString
         serialize = GetMessageClass(method.output_type).SerializeToString
-        kind = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        kind = _handler_kind(method.client_streaming, method.server_streaming)
         handlers[method.name] = kind(
             getattr(servicer, method.name), request_deserializer=_tolerant(parse), response_serializer=serialize
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _handler_kind(client_streaming: bool, server_streaming: bool) -> Callable[..., grpc.RpcMethodHandler]:
+    if client_streaming:
+        if not server_streaming:
+            raise ValueError("specserve has no client-streaming methods with a unary response")
+        return grpc.stream_stream_rpc_method_handler
+    return grpc.unary_stream_rpc_method_handler if server_streaming else grpc.unary_unary_rpc_method_handler
 
 
 def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:

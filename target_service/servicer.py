@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import Verdict
+from specserve.models.pass_clock import with_pass_seconds
 from specserve.rpc import unary_errors
 from specserve.worker import convert
 from specserve.worker.batching import BatchQueue
@@ -18,11 +21,12 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
     executor_name = "target-model"
     chooses_first_token = True
     worker: TargetWorker
-    queue: BatchQueue[VerifyCall, Verdict]
+    queue: BatchQueue[VerifyCall, tuple[Verdict, float]]  # with the batch's pass seconds
 
     def attach(self, worker: TargetWorker) -> None:
         super().attach(worker)
-        self.queue = BatchQueue(self.executor, worker.verify_batch, lambda c: c.session_id, self.max_batch_size)
+        verify_batch = with_pass_seconds(worker.verify_batch)
+        self.queue = BatchQueue(self.executor, verify_batch, lambda c: c.session_id, self.max_batch_size)
 
     @unary_errors
     async def Verify(self, request: pb.VerifyRequest, context: grpc.aio.ServicerContext) -> pb.VerifyResponse:
@@ -31,8 +35,15 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
         proposal = convert.proposal_from_proto(
             list(request.draft_token_ids), draft_probs, self.worker.loaded.vocab_size
         )
-        verdict, seconds, batch = await self.queue.submit(VerifyCall(request.session_id, proposal, sampling))
+        (verdict, pass_s), seconds, batch = await self.queue.submit(VerifyCall(request.session_id, proposal, sampling))
         response = convert.verdict_to_proto(verdict)
-        response.compute_ms, response.batch_size = seconds * 1000, len(batch)
+        response.compute_ms, response.batch_size, response.pass_ms = seconds * 1000, len(batch), pass_s * 1000
         response.batch_tokens = sum(len(c.proposal.token_ids) + 1 for c in batch)
         return response
+
+    async def VerifyStream(
+        self, requests: AsyncIterator[pb.VerifyRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.VerifyResponse]:
+        """A session's Verify calls as messages (SessionServicer.answer_rounds)."""
+        async for response in self.answer_rounds(requests, context, self.Verify):
+            yield response

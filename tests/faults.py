@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -38,8 +38,15 @@ class Fault(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or not details.method.endswith("/" + self.method) or handler.unary_unary is None:
+        if handler is None:
             return handler
+        if details.method.endswith("/" + self.method) and handler.unary_unary is not None:
+            return self._unary(handler)
+        if details.method.endswith(f"/{self.method}Stream") and handler.stream_stream is not None:
+            return self._per_message(handler)  # a session's round calls as messages of one stream
+        return handler
+
+    def _unary(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         inner = handler.unary_unary
 
         async def faulty(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -48,6 +55,24 @@ class Fault(grpc.aio.ServerInterceptor):
             return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
+            faulty, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+    def _per_message(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """Each message of the stream counts as a call, acted on before the handler sees it."""
+        inner = handler.stream_stream
+
+        async def faulty(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async def acted_on() -> AsyncIterator[Any]:
+                async for request in requests:
+                    if self._take():
+                        await self.act(context)
+                    yield request
+
+            async for response in inner(acted_on(), context):
+                yield response
+
+        return grpc.stream_stream_rpc_method_handler(
             faulty, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from specserve.bench.config import BenchConfig, SweepConfig
+from specserve.bench.config import BenchConfig, OverheadConfig, SweepConfig
 from specserve.config import EngineConfig
 from specserve.flags import add_config_flags, build_from_flags
 
@@ -24,7 +24,7 @@ def add_bench_commands(
 ) -> None:
     """`specserve bench latency | load | rate`, each with the flags of what it measures (from BenchConfig and
     SweepConfig). `add_model_flags`: the target's and draft's flags the served sweeps load their models with."""
-    sub = parser.add_subparsers(dest="bench_command", required=True, metavar="{latency,load,rate}")
+    sub = parser.add_subparsers(dest="bench_command", required=True, metavar="{latency,load,rate,overhead}")
     latency = sub.add_parser("latency", help="one request at a time: target-only, speculative and Hugging Face "
                              "assisted generation in this process; with --served, the served stack too")  # fmt: skip
     add_config_flags(latency, BenchConfig)
@@ -36,6 +36,10 @@ def add_bench_commands(
         add_model_flags(command)
         add_config_flags(command.add_argument_group("sweep (SweepConfig)"), SweepConfig,
                          only=sweep_flags + SWEEP_FLAGS, required=sweep_flags[:1])  # fmt: skip
+    overhead = sub.add_parser("overhead", help="the served stack's host overhead per round: wall time less the "
+                              "forward passes it waited for, at target-only and each k")  # fmt: skip
+    add_model_flags(overhead)
+    add_config_flags(overhead.add_argument_group("overhead (OverheadConfig)"), OverheadConfig)
     for command in sub.choices.values():
         command.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
         command.set_defaults(command_parser=command)
@@ -46,6 +50,8 @@ def cmd_bench(args: argparse.Namespace, engine_config: Callable[[argparse.Namesp
     of the served stack. `engine_config` reads the sweeps' model flags."""
     if args.bench_command == "latency":
         return _bench_latency(build_from_flags(BenchConfig, args), args.json)
+    if args.bench_command == "overhead":
+        return _bench_overhead(build_from_flags(OverheadConfig, args), engine_config(args), args.json)
     names = SWEEP_FLAGS + (LOAD_FLAGS if args.bench_command == "load" else RATE_FLAGS)
     return _bench_sweep(build_from_flags(SweepConfig, args, names), engine_config(args), args.json)
 
@@ -61,6 +67,28 @@ def _bench_latency(cfg: BenchConfig, json_path: str | None) -> int:
     summary["machine"] = machine()
     print(format_table(summary))
     if json_path:
+        Path(json_path).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {json_path}")
+    return 0
+
+
+def _bench_overhead(cfg: OverheadConfig, config: EngineConfig, json_path: str | None) -> int:
+    """Host overhead per round of the served stack (specserve/bench/overhead.py)."""
+    from specserve.bench.config import PIPELINED
+    from specserve.bench.overhead import format_rows, overhead_rows
+    from specserve.bench.report import machine
+    from specserve.bench.served import ServedStack
+
+    if config.draft is None:
+        raise ValueError("the overhead bench measures target-only and speculative rounds: it needs a draft")
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    with ServedStack(config.target, config.draft) as stack:  # target-only and each k, at each client count
+        rows = overhead_rows(stack.addresses[PIPELINED], [0, *cfg.ks], cfg.concurrency, cfg.max_tokens,
+                             cfg.requests_per_client, cfg.repeats)  # fmt: skip
+    print(format_rows(rows))
+    if json_path:
+        command = "specserve " + " ".join(sys.argv[1:])
+        summary = {"date": started, "command": command, "machine": machine(), "rows": rows}
         Path(json_path).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {json_path}")
     return 0

@@ -154,6 +154,28 @@ class SweepConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class OverheadConfig:
+    """A `specserve bench overhead` run: the served stack's host time per round, at each client count."""
+
+    ks: tuple[int, ...] = field(default=(4,), metadata=flag(metavar="K"))
+    """The speculative modes' k (target-only is always measured)."""
+    concurrency: tuple[int, ...] = (1, 16)
+    """Client counts measured, each client sending requests back to back."""
+    max_tokens: int = 256
+    """Tokens generated per request."""
+    requests_per_client: int = 2
+    """Requests each client sends per mode and turn."""
+    repeats: int = 2
+    """Turns of all modes at each client count."""
+
+    def __post_init__(self) -> None:
+        if any(k < 1 for k in self.ks) or any(c < 1 for c in self.concurrency):
+            raise ValueError(f"ks and concurrency must be >= 1, got {self.ks}, {self.concurrency}")
+        if self.max_tokens < 2 or self.requests_per_client < 1 or self.repeats < 1:
+            raise ValueError("max_tokens must be >= 2, requests_per_client and repeats >= 1")
+
+
+@dataclass(frozen=True, slots=True)
 class Prompt:
     text: str
     token_ids: list[int]

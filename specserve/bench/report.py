@@ -23,6 +23,7 @@ COLUMNS = (
     ("efficiency", "efficiency", "{:.0%}"),
     ("identical", "identical_to_target_only", "{}"),
     ("wire ms/round", "transport_ms_per_round", "{:.1f}"),
+    ("host ms/round", "host_overhead_ms_per_round", "{:.2f}"),
     ("vs in-process", "served_vs_in_process", "{:.0%}"),
 )
 
@@ -40,6 +41,8 @@ def format_table(summary: dict[str, Any]) -> str:
         "accept = accepted / proposed; alpha = accepted / (accepted + rejections), per examined draft",
         "theory: (1 - alpha^(k+1)) / ((1 - alpha)(k c + v_k)) from the measured alpha, c, v_k; "
         "efficiency = speedup over target-only with the same target / theory",
+        "host ms/round (served): wall time per round less the draft's and the target's forward passes it waited "
+        "for (specserve/bench/overhead.py)",
     ]
     return "\n".join(lines + [""] + notes)
 

@@ -14,6 +14,7 @@ from inprocess.engine import SpeculativeEngine
 from specserve.bench.config import PIPELINED, SERVED_MODE_SUFFIXES, BenchConfig, Prompt, Runner, RunOutput
 from specserve.bench.llama_cpp_peer import llama_cpp_modes
 from specserve.bench.lossless import ReferenceDecoder, first_difference, first_divergence
+from specserve.bench.overhead import overhead_figures
 from specserve.bench.peer import hf_generate
 from specserve.bench.served import ServedStack, client_runner, draft_variant
 from specserve.bench.theory import expected_speedup
@@ -58,6 +59,9 @@ class ModeResult:
         total.target_s += stats.target_s
         total.prefill_s += stats.prefill_s
         total.transport_s += stats.transport_s
+        total.time_to_first_token_s += stats.time_to_first_token_s
+        total.draft_pass_s += stats.draft_pass_s
+        total.target_pass_s += stats.target_pass_s
         for source, proposed in stats.proposed_by_source.items():
             total.proposed_by_source[source] = total.proposed_by_source.get(source, 0) + proposed
             accepted = stats.accepted_by_source.get(source, 0)
@@ -330,6 +334,7 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
             )
         if mode.kind == "served" and mode.stats.num_rounds:
             row["transport_ms_per_round"] = round(1000 * mode.stats.transport_s / mode.stats.num_rounds, 2)
+            row.update(overhead_figures(mode.seconds, mode.stats))
             in_process = next((m for m in modes if m.kind == "speculative" and m.k == mode.k), None)
             if in_process is not None and mode.k and not mode.draft:
                 row["served_vs_in_process"] = round(mode.tokens_per_second / in_process.tokens_per_second, 3)

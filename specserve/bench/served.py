@@ -22,7 +22,7 @@ from specserve.bench.config import (
     Runner,
     RunOutput,
 )
-from specserve.core.stats import SpeculationStats
+from specserve.bench.overhead import stats_from_proto
 from specserve.launcher import Workers, extra_draft_role, free_port, worker_processes
 from specserve.models.config import ModelConfig
 
@@ -135,18 +135,7 @@ def client_runner(client: SpecServeClient, k: int | None, cfg: BenchConfig) -> R
             prompt.text, max_tokens=cfg.max_tokens, num_speculative_tokens=k, ignore_eos=cfg.ignore_eos
         )
         seconds = time.perf_counter() - started
-        s = response.stats
-        stats = SpeculationStats(
-            num_proposed=s.proposed,
-            num_accepted=s.accepted,
-            num_rounds=s.rounds,
-            num_rejections=s.rejections,
-            draft_s=s.draft_ms / 1000,
-            target_s=s.target_ms / 1000,
-            transport_s=s.transport_ms / 1000,
-            proposed_by_source=dict(s.proposed_by_source),
-            accepted_by_source=dict(s.accepted_by_source),
-        )
+        stats = stats_from_proto(response.stats)
         return list(response.token_ids), seconds, stats, 0
 
     return run

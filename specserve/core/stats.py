@@ -31,6 +31,9 @@ class SpeculationStats:
     time_to_first_token_s: float = 0.0
     transport_s: float = 0.0  # served stack: waiting on internal calls (queues, turns) beyond the workers' compute
     draft_hidden_s: float = 0.0  # draft compute overlapped with verification whose window was used
+    # served stack: the workers' forward passes the rounds waited for; wall time less these is host overhead
+    draft_pass_s: float = 0.0
+    target_pass_s: float = 0.0
     proposed_by_source: dict[str, int] = field(default_factory=dict)  # drafts per drafter ("model", "ngram")
     accepted_by_source: dict[str, int] = field(default_factory=dict)
 
@@ -103,6 +106,8 @@ class SpeculationStats:
             "proposed_at_position": list(self.proposed_at_position),
             "accepted_at_position": list(self.accepted_at_position),
             "draft_hidden_ms": self.draft_hidden_s * 1000,
+            "draft_pass_ms": self.draft_pass_s * 1000,
+            "target_pass_ms": self.target_pass_s * 1000,
             "proposed_by_source": dict(self.proposed_by_source),
             "accepted_by_source": dict(self.accepted_by_source),
         }

@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from specserve.models.llama_cpp import LlamaCppSequence
+from specserve.models.pass_clock import model_pass
 from specserve.models.sequence import CachedSequence
 
 
@@ -22,6 +23,11 @@ def feed_batch(sequences: list[CachedSequence] | list[LlamaCppSequence], num_log
         return sequences[0].model.feed_batch(sequences, num_logits)  # type: ignore[arg-type]
     if len(sequences) == 1 or any(not _is_initialized(s) for s in sequences):
         return [s.feed(n) for s, n in zip(sequences, num_logits)]
+    with model_pass():  # the caches' padding and copying back included: this layout's cost of a batch
+        return _feed_padded(sequences, num_logits)
+
+
+def _feed_padded(sequences: list[CachedSequence], num_logits: list[int]) -> list[torch.Tensor]:
     model = sequences[0].model
     device = model.device
     cached = [s.num_cached for s in sequences]

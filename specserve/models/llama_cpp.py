@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specserve.models.pass_clock import model_pass
+
 logger = logging.getLogger(__name__)
 
 BINDING_PACKAGE = "xllamacpp"
@@ -240,8 +242,9 @@ class LlamaCppModel:
         with self.lock:
             self._clear_released()
             try:
-                for begin in range(0, len(flat), self._chunk_tokens):
-                    self._decode_chunk(rows, flat[begin : begin + self._chunk_tokens], outputs)
+                with model_pass():
+                    for begin in range(0, len(flat), self._chunk_tokens):
+                        self._decode_chunk(rows, flat[begin : begin + self._chunk_tokens], outputs)
             except BaseException:
                 for row in rows:
                     self.lib.llama_memory_seq_rm(self._memory, row.seq_id, row.start, -1)

@@ -8,6 +8,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specserve.models.lean import LeanDecoder
 from specserve.models.llama_cpp import LlamaCppModel, LlamaCppSequence
 from specserve.models.loading import LoadedModel
+from specserve.models.pass_clock import model_pass
 
 
 def check_token_ids(token_ids: list[int], loaded: LoadedModel, field: str) -> None:
@@ -62,6 +63,10 @@ class CachedSequence:
         end = len(self.token_ids) if upto is None else upto
         assert self.num_cached < end <= len(self.token_ids), (self.num_cached, end, len(self.token_ids))
         assert 0 < num_logits <= end - self.num_cached
+        with model_pass():
+            return self._feed(num_logits, end)
+
+    def _feed(self, num_logits: int, end: int) -> torch.Tensor:
         if self.decoder is not None:
             new_token_ids = self.token_ids[self.num_cached : end]
             logits = self.decoder.forward(new_token_ids, self.num_cached, self.cache, num_logits)

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specserve.models.lean import LeanDecoder
+from specserve.models.pass_clock import model_pass
 from specserve.models.sequence import CachedSequence
 
 
@@ -109,7 +110,9 @@ class SlotSequence:
         end = len(self.token_ids) if upto is None else upto
         assert self.num_cached < end <= len(self.token_ids) and self.fits(end), (self.num_cached, end)
         view = SlotView(self.pool, self.slot, self.num_cached)
-        logits = self.decoder.forward(self.token_ids[self.num_cached : end], self.num_cached, view, num_logits)  # type: ignore[arg-type]
+        with model_pass():
+            tokens = self.token_ids[self.num_cached : end]
+            logits = self.decoder.forward(tokens, self.num_cached, view, num_logits)  # type: ignore[arg-type]
         self.num_cached = end
         return logits
 

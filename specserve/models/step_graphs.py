@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specserve.models.lean import rms_norm, rotate_half
+from specserve.models.pass_clock import model_pass
 from specserve.models.slot_cache import SlotPool, SlotSequence
 
 logger = logging.getLogger(__name__)
@@ -70,11 +71,12 @@ class StepGraphs:
             dtype=torch.long,
         )  # fmt: skip
         graph = self._graph(batch, length) if self.use_graphs else None
-        out = graph.replay(inputs) if graph is not None else self._forward(*inputs.to(self.device), length)
+        with model_pass():
+            out = graph.replay(inputs) if graph is not None else self._forward(*inputs.to(self.device), length)
+            logits, choice = out
+            ids, probs = choice[:, :rows].tolist()  # the one wait for the device
         for s in sequences:
             s.num_cached += 1
-        logits, choice = out
-        ids, probs = choice[:, :rows].tolist()  # the one wait for the device
         return StepOutput(logits[:rows], [int(i) for i in ids], probs)
 
     def _graph(self, batch: int, length: int) -> _Graph | None:

@@ -37,18 +37,18 @@ class ModelExecutor:
         """fn(*args) on the model thread; `background`: a prompt chunk, which takes turns with passes."""
         await self._acquire(background)
         self._last_background = background
-        future = asyncio.get_running_loop().run_in_executor(self._pool, self._on_model_thread, fn, *args)
+        future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         # released when the thread is done, not when the caller stops waiting: a cancelled caller's call
         # still holds the model until it returns
         future.add_done_callback(lambda _: self._release())
         return await asyncio.shield(future)
 
-    def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            return fn(*args)
-        finally:
-            if not (self._waiting[False] or self._waiting[True]):  # idle now: free the cores (specserve/openmp.py)
-                release_idle_threads()
+    def _pause_if_idle(self) -> None:
+        """On the model thread, queued once the model is free: an idle model frees the cores
+        (specserve/openmp.py). Queued after the result went back, so no caller waits for the pause; a call
+        that took the model meanwhile keeps its team."""
+        if not self._busy:
+            release_idle_threads()
 
     async def timed(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
         """(result, seconds the call computed), the queueing before it excluded."""
@@ -84,6 +84,10 @@ class ModelExecutor:
                     granted.set_result(None)
                     return
         self._busy = False
+        try:
+            self._pool.submit(self._pause_if_idle)
+        except RuntimeError:  # shut down: no pass comes again
+            pass
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

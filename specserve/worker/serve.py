@@ -66,6 +66,7 @@ async def serve(
             on_serving()
         await _evict_until(stop or asyncio.Event(), worker)
     finally:
+        servicer.stopping = True
         await server.stop()
         servicer.executor.shutdown()
 

@@ -3,6 +3,7 @@ RPCs of every session-keeping worker (model info, prefill, release)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -24,6 +25,8 @@ class WorkerServicer:
     def __init__(self) -> None:
         self.executor = ModelExecutor(self.executor_name)
         self._worker: Any = None
+        self.stopping = False
+        """The server is stopping: as it refuses new calls, a session's round stream refuses its next round."""
 
     def attach(self, worker: Any) -> None:
         self._worker = worker
@@ -84,6 +87,20 @@ class SessionServicer(WorkerServicer):
             response.first_token_id = verdict.token_ids[0]
         self.worker.sessions.put(request.session_id, session)
         return response
+
+    async def answer_rounds(
+        self,
+        requests: AsyncIterator[Any],
+        context: grpc.aio.ServicerContext,
+        answer: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+    ) -> AsyncIterator[Any]:
+        """A session's round stream: each request answered as the unary `answer` does, in order; an error
+        ends the stream with its status. Once the worker is stopping the next round is refused UNAVAILABLE,
+        as a unary call would be, so the session moves to another replica instead of riding out the grace."""
+        async for request in requests:
+            if self.stopping:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
+            yield await answer(request, context)
 
     @unary_errors
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -61,6 +62,8 @@ class Recorder(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
         method = details.method.rsplit("/", 1)[-1]
+        if handler is not None and handler.stream_stream is not None and method.removesuffix("Stream") in self.methods:
+            return self._per_message(handler, method.removesuffix("Stream"))  # a session's round calls, as messages
         if handler is None or method not in self.methods:
             return handler
         inner = handler.unary_unary
@@ -73,6 +76,28 @@ class Recorder(grpc.aio.ServerInterceptor):
             return response
 
         return grpc.unary_unary_rpc_method_handler(
+            recorded, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+
+    def _per_message(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        inner = handler.stream_stream
+
+        async def recorded(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            pending: deque[tuple[Any, float]] = deque()
+
+            async def noted() -> AsyncIterator[Any]:
+                async for request in requests:
+                    pending.append((request, time.monotonic()))
+                    yield request
+
+            async for response in inner(noted(), context):
+                request, start = pending.popleft()
+                self.calls.append((method, request, response))
+                self.spans.append((method, start, time.monotonic()))
+                yield response
+
+        return grpc.stream_stream_rpc_method_handler(
             recorded, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
 

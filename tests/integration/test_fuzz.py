@@ -56,6 +56,8 @@ ALLOWED: dict[str, set[grpc.StatusCode]] = {  # per RPC, for well-formed message
     "Propose": {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND},
     "Verify": {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND},
     "Release": {C.OK},
+    "ProposeStream": {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND},  # a session's Propose calls, one per message
+    "VerifyStream": {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND},
 }
 SESSIONS = ["fuzz-0", "fuzz-1", "fuzz-2"]  # prefilled before the worker tests, so deeper paths are reached
 COUNTS: dict[str, Counter[str]] = defaultdict(Counter)
@@ -231,7 +233,11 @@ def call(channel: grpc.Channel, service: str, method: MethodDescriptor, payload:
     """Send raw bytes to the method; the status it answers (a stream is read to its end)."""
     path = f"/specserve.v1.{service}/{method.name}"
     try:
-        if method.server_streaming:
+        if method.client_streaming:  # one message on the stream, then its end
+            rounds = channel.stream_stream(path, request_serializer=None, response_deserializer=None)
+            for _ in rounds(iter([payload]), timeout=CALL_TIMEOUT_S):
+                pass
+        elif method.server_streaming:
             stream = channel.unary_stream(path, request_serializer=None, response_deserializer=None)
             for _ in stream(payload, timeout=CALL_TIMEOUT_S):
                 pass
