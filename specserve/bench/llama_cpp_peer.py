@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specserve.bench.config import BenchConfig, Prompt, Runner, RunOutput
+from specserve.core.stats import SpeculationStats
 from specserve.models.config import default_home
 from specserve.models.draft_names import parse_draft_name
 from specserve.models.fetch import ensure_gguf
@@ -53,7 +54,8 @@ class LlamaServer:
     def __init__(self, url: str, process: subprocess.Popen[bytes]) -> None:
         self.url, self.process = url, process
 
-    def complete(self, prompt: str, max_tokens: int, ignore_eos: bool) -> tuple[list[int], float]:
+    def complete(self, prompt: str, max_tokens: int, ignore_eos: bool) -> tuple[list[int], float, float]:
+        """Greedy: (token ids, seconds end to end, seconds of the prompt's pass as llama-server times it)."""
         body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "seed": 0,
                 "cache_prompt": False, "return_tokens": True, "ignore_eos": ignore_eos}  # fmt: skip
         request = urllib.request.Request(f"{self.url}/completion", json.dumps(body).encode(),
@@ -61,7 +63,8 @@ class LlamaServer:
         started = time.perf_counter()
         with urllib.request.urlopen(request, timeout=900) as response:
             answer = json.loads(response.read())
-        return [int(t) for t in answer["tokens"]], time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        return [int(t) for t in answer["tokens"]], seconds, float(answer["timings"]["prompt_ms"]) / 1000
 
 
 @contextmanager
@@ -143,7 +146,7 @@ def gguf_path(name: str, home: Path) -> Path:
 
 def _runner(server: LlamaServer, cfg: BenchConfig) -> Runner:
     def run(prompt: Prompt) -> RunOutput:
-        token_ids, seconds = server.complete(prompt.text, cfg.max_tokens, cfg.ignore_eos)
-        return token_ids, seconds, None, 0
+        token_ids, seconds, prompt_s = server.complete(prompt.text, cfg.max_tokens, cfg.ignore_eos)
+        return token_ids, seconds, SpeculationStats(time_to_first_token_s=prompt_s), 0
 
     return run

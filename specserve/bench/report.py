@@ -12,6 +12,7 @@ import torch
 COLUMNS = (
     ("mode", "mode", "{}"),
     ("tok/s", "tokens_per_second", "{:.2f}"),
+    ("decode tok/s", "decode_tokens_per_second", "{:.2f}"),
     ("speedup", "speedup_vs_target", "{:.2f}x"),
     ("accept", "acceptance_rate", "{:.3f}"),
     ("alpha", "per_token_acceptance", "{:.3f}"),

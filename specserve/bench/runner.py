@@ -299,6 +299,7 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
             "tokens": mode.num_tokens,
             "seconds": round(mode.seconds, 2),
             "tokens_per_second": round(mode.tokens_per_second, 3),
+            **_decode_rate(mode),
             "speedup_vs_target": round(mode.tokens_per_second / fastest.tokens_per_second, 3),
         }
         if mode.kind in ("speculative", "served") and mode.k > 0 and mode.stats.num_proposed:
@@ -353,6 +354,14 @@ def summarize(cfg: BenchConfig, target: LoadedModel, prompts: list[list[int]], m
         "target_step_ms": round(1000 * target_step, 1),
         "modes": rows,
     }
+
+
+def _decode_rate(mode: ModeResult) -> dict[str, float]:
+    """Tokens per second after each request's first token, where the mode timed its first tokens."""
+    decode_s = mode.seconds - mode.stats.time_to_first_token_s
+    if not mode.stats.time_to_first_token_s or decode_s <= 0:
+        return {}
+    return {"decode_tokens_per_second": round((mode.num_tokens - len(mode.outputs)) / decode_s, 3)}
 
 
 def _agreement(reference: ModeResult, mode: ModeResult) -> dict:
