@@ -51,6 +51,13 @@ class RoundStream:
     def cancel(self) -> None:
         self.call.cancel()
 
+    async def finish(self) -> None:
+        """End the stream from this side, so the worker ends it OK (a cancelled stream reads as a failure)."""
+        try:
+            await self.call.done_writing()
+        except (grpc.aio.UsageError, asyncio.InvalidStateError):  # already ended
+            pass
+
 
 class RoundStreams:
     """A worker client's open round streams, one per session; a failed or cancelled call drops its stream."""
@@ -86,15 +93,17 @@ class RoundStreams:
             if self.observe is not None:
                 self.observe(self.method, code, time.perf_counter() - started)
 
-    def close(self, session_id: str) -> None:
+    async def close(self, session_id: str) -> None:
         """The session has ended (released): its stream too."""
         stream = self._streams.pop(session_id, None)
         if stream is not None:
-            stream.cancel()
+            await stream.finish()
 
     def close_all(self) -> None:
-        for session_id in list(self._streams):
-            self.close(session_id)
+        """The channel closes: every stream is cancelled."""
+        for stream in self._streams.values():
+            stream.cancel()
+        self._streams.clear()
 
     def __len__(self) -> int:
         return len(self._streams)
