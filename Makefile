@@ -20,7 +20,7 @@ test: $(STAMP)
 # CI (.ci/run) runs `make lint` and then `make test`.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specserve specserve_client protos draft_service target_service orchestrator inprocess deploy tests scripts
-	$(VENV)/bin/mypy specserve/core orchestrator
+	$(VENV)/bin/mypy specserve/core specserve/adaptive orchestrator
 
 # Runs write results/*-latest.json (git-ignored), never a committed result file (results/README.md).
 bench: $(STAMP)

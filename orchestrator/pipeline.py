@@ -31,7 +31,7 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.remote import DraftClient, PassReport, TargetClient
 from orchestrator.replicas import Replica, ReplicaPool
 from orchestrator.turns import Phase
-from specserve.core.adaptive import AdaptiveK
+from specserve.adaptive import AdaptivePolicy
 from specserve.core.loop import Decode, SpeculativeDecoder, StopConditions
 from specserve.core.stats import SpeculationStats
 from specserve.core.types import Proposal, SamplingParams, Verdict
@@ -163,11 +163,11 @@ class RemoteRequest:
             # that drafts catches the draft up instead)
             policy = self._adaptive_k()
             with_draft = (policy is None or policy.k > 0) and not self._alone_on_shared_cores()
-            prefills = [self._on_target(_nothing, first_token, beside_draft=with_draft)]
+            prefills = [self._on_target(_nothing, first_token)]
             if with_draft:
                 prefills.append(self._on_draft(_nothing))
             # On the target's cores the prefills take a verify turn (Turns): beside a draft pass every call
-            # slows down, and the rounds they hold up then stand still whatever their k, as AdaptiveK prices.
+            # slows down, and the rounds they hold up then stand still whatever their k.
             async with self._turn(Phase.VERIFY, late_ok=True):
                 results = await asyncio.gather(*prefills, return_exceptions=True)
             for result in results:
@@ -186,13 +186,10 @@ class RemoteRequest:
             return seed
         return (seed * 1_000_003 + self._num_prefills) % (1 << 62)
 
-    async def _on_target(
-        self, call: Callable[[TargetClient], Awaitable[T]], first_token: bool = False, beside_draft: bool = False
-    ) -> T:
+    async def _on_target(self, call: Callable[[TargetClient], Awaitable[T]], first_token: bool = False) -> T:
         """`call` on the session's target replica, recovering the session first when that replica evicted it
         (prefill again) or failed (move to another replica, prefill there). `first_token`: the first prefill,
-        which also chooses the first output token (into _first_token_id); `beside_draft`: a draft's prefill
-        runs beside it (AdaptiveK.observe_prefill)."""
+        which also chooses the first output token (into _first_token_id)."""
         error: grpc.aio.AioRpcError | None = None
         for _ in range(MAX_CALL_ATTEMPTS):
             assert self.target is not None
@@ -201,12 +198,8 @@ class RemoteRequest:
             try:
                 if not self._target_ready:
                     sampling = self.plan.sampling if first_token else None
-                    with self.target.prefilling() as timing:
+                    with self.target.prefilling():
                         first = await client.prefill(self.session_id, self.context, self._seed(), sampling)
-                    if (policy := self._adaptive_k()) is not None:
-                        policy.observe_prefill(
-                            timing.seconds, len(self.context), beside_draft, timing.alone, time.perf_counter()
-                        )
                     self._first_token_id = first
                     self._target_ready = True
                 return await call(client)
@@ -314,8 +307,8 @@ class RemoteRequest:
                 now, clock = time.perf_counter(), self._prefill_clock()
                 policy.observe(
                     self._batch_size(), chosen_k, verdict.num_accepted, now - round_ended, now,
-                    stalled_s=clock - prefilled_s, draft_lag=self._draft_lag(), asked=k,
-                    drafted=len(proposal.token_ids),
+                    num_asked=k, num_drafted=len(proposal.token_ids), stalled_s=clock - prefilled_s,
+                    draft_s=t1 - t0, verify_s=t2 - t1, draft_lag=self._draft_lag(),
                 )  # fmt: skip
                 round_ended, prefilled_s = now, clock
             emitted = decoder.apply(proposal, verdict, t1 - t0, t2 - t1)
@@ -328,7 +321,7 @@ class RemoteRequest:
             self.decoder.k = policy.choose(self._batch_size(), time.perf_counter())
         return self.decoder.next_k()
 
-    def _adaptive_k(self) -> AdaptiveK | None:
+    def _adaptive_k(self) -> AdaptivePolicy | None:
         """The policy of the session's target replica, if this request follows one."""
         if self.plan.adaptive and self.target is not None and self.plan.k > 0:
             return self.target.adaptive_k(self.plan.k)

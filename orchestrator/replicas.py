@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.remote import DraftClient, ModelInfo, TargetClient
 from orchestrator.turns import Turns
-from specserve.core.adaptive import AdaptiveK
+from specserve.adaptive import AdaptiveConfig, AdaptivePolicy
 from specserve.rpc import PreconditionError
 
 logger = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class Replica:
     draining: bool = False
     failed: bool = False
     """A call failed; no new sessions until a health check passes again."""
-    speculation: AdaptiveK | None = None
+    speculation: AdaptivePolicy | None = None
     """The adaptive k its sessions share (made on first use)."""
     turn_taking: Turns | None = None
     """Its sessions' draft and verify turns, where they share cores with their drafts (made on first use)."""
@@ -148,7 +148,7 @@ class Replica:
 
     def prefill_clock(self) -> float:
         """Seconds during which a prefill on it ran, so far: what it advanced by during a round is how long
-        the round stood beside one (AdaptiveK.observe)."""
+        the round stood beside one (AdaptivePolicy.observe)."""
         running = time.perf_counter() - self._prefilling_since if self.num_prefilling else 0.0
         return self._prefilled_s + running
 
@@ -157,9 +157,9 @@ class Replica:
             self.turn_taking = Turns()
         return self.turn_taking
 
-    def adaptive_k(self, max_k: int) -> AdaptiveK:
+    def adaptive_k(self, max_k: int) -> AdaptivePolicy:
         if self.speculation is None or self.speculation.max_k != max_k:
-            self.speculation = AdaptiveK(max_k)
+            self.speculation = AdaptivePolicy(AdaptiveConfig(max_k=max_k, initial_k=min(4, max_k)))
         return self.speculation
 
     @property

@@ -4,9 +4,11 @@ A served sweep (`specserve bench load --concurrency ... --modes target-only k=1 
 load, each fixed k's throughput and per-position acceptance. From them this module rebuilds what the
 policy sees: a session round at (load, k) lasts `load x tokens per round / throughput` seconds, with the
 acceptance of the deepest window's rows, and noise and stalls (another request's prefill holding the
-model) on top. Then it drives `AdaptiveK` through the loads in the sweep's order, for many random paths,
+model) on top. Then it drives `AdaptivePolicy` through the loads in the sweep's order, for many random paths,
 and reports what a real sweep can only sample once: how often adaptive falls below 0.98x target-only at a
 load, and how often the best fixed k itself would, measured in the same window (the noise floor).
+A landscape can also be built from an engine's step costs (`StepCosts`: a draft step, the verify of a
+window by its length), where the policy also sees its propose and verify calls' seconds.
 
 Run: `python -m specserve.bench.adaptive_replay results/bench-k-sweep.json [--paths 100]`.
 """
@@ -21,18 +23,54 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specserve.core.adaptive import AdaptiveK, tokens_per_round
+from specserve.adaptive import AdaptiveConfig, AdaptivePolicy, tokens_per_round
 
 RULE = 0.98  # issue 5: adaptive at least 0.98x target-only at every load
 
 
 @dataclass(frozen=True, slots=True)
+class StepCosts:
+    """A round run in turn on one engine: k draft steps, then the verify of k + 1 tokens."""
+
+    draft_step_s: float
+    verify_s: dict[int, float]
+    """Window length (tokens) to the verify's seconds; linear between the lengths given, and beyond the
+    longest along the slope of the last two."""
+
+    def verify(self, length: int) -> float:
+        lengths = sorted(self.verify_s)
+        if length in self.verify_s:
+            return self.verify_s[length]
+        below = [n for n in lengths if n < length][-1:] or lengths[:1]
+        above = [n for n in lengths if n > length][:1] or lengths[-1:]
+        n0, n1 = (below[0], above[0]) if below[0] != above[0] else (lengths[-2], lengths[-1])
+        s0, s1 = self.verify_s[n0], self.verify_s[n1]
+        return s0 + (s1 - s0) * (length - n0) / (n1 - n0)
+
+    def round_s(self, k: int) -> float:
+        return k * self.draft_step_s + self.verify(k + 1)
+
+
+@dataclass(frozen=True, slots=True)
 class Landscape:
     """Per load: tokens per second of each measured k (0 is target-only) and the draft's acceptance at
-    each window position given the positions before it were accepted."""
+    each window position given the positions before it were accepted; `steps`, where the landscape was
+    built from an engine's step costs."""
 
     throughput: dict[int, dict[int, float]]
     acceptance: dict[int, list[float]]
+    steps: dict[int, StepCosts] | None = None
+
+    @classmethod
+    def from_costs(cls, steps: StepCosts, acceptance: Sequence[float], loads: Sequence[int] = (1,)) -> Landscape:
+        """Every k up to len(acceptance) on an engine whose round costs `steps` at each of `loads` (a batch
+        of sessions runs its rounds together: each session's round costs what a lone one does)."""
+        rates = list(acceptance)
+        throughput = {
+            load: {k: load * tokens_per_round(rates[:k]) / steps.round_s(k) for k in range(len(rates) + 1)}
+            for load in loads
+        }
+        return cls(throughput, {load: rates for load in loads}, {load: steps for load in loads})
 
     @classmethod
     def from_rows(cls, rows: Sequence[dict]) -> Landscape:
@@ -121,7 +159,8 @@ def replay(
     """One path through the loads in order (all of the sweep's by default): per load, tokens per second in
     the window and the mean k there. `fixed_k` replays a fixed mode instead of the policy."""
     rng = random.Random(seed)
-    policy = AdaptiveK(max_k=min(landscape.max_k(load) for load in landscape.loads))
+    max_k = min(landscape.max_k(load) for load in landscape.loads)
+    policy = AdaptivePolicy(AdaptiveConfig(max_k=max_k, initial_k=min(4, max_k)))
     policy.observe_draft_prefill(config.catch_up_s, config.catch_up_tokens, now=0.0)  # as the first request's
     now, result, previous_k = 0.0, {}, policy.k
     for load in loads or landscape.loads:
@@ -130,7 +169,9 @@ def replay(
         while now < end:
             batch_size = load - 1 if load > 1 and rng.random() < config.short_batch else load
             k = policy.choose(batch_size, now) if fixed_k is None else fixed_k
-            seconds = landscape.round_seconds(load, k) * math.exp(rng.gauss(0.0, config.noise))
+            spread = math.exp(rng.gauss(0.0, config.noise))
+            seconds = landscape.round_seconds(load, k) * spread
+            draft_s, verify_s = _calls(landscape, load, k, spread)
             if rng.random() < config.stall_probability:
                 seconds *= config.stall_factor
             if previous_k == 0 and k > 0:
@@ -139,7 +180,10 @@ def replay(
             now += seconds
             for _ in range(load):  # every session of the batch finishes this round
                 num_accepted = _accepted(rng, landscape.acceptance[load][:k])
-                policy.observe(batch_size, k, num_accepted, seconds, now, draft_lag=config.catch_up_tokens)
+                policy.observe(
+                    batch_size, k, num_accepted, seconds, now,
+                    draft_s=draft_s, verify_s=verify_s, draft_lag=config.catch_up_tokens,
+                )  # fmt: skip
                 tokens += (num_accepted + 1) if now > counted_from else 0
             if now > counted_from:
                 ks.append(k)
@@ -149,21 +193,21 @@ def replay(
 
 def evaluate(landscape: Landscape, config: ReplayConfig, loads: Sequence[int] | None = None) -> list[dict]:
     """Per load over `config.paths` paths: adaptive's speedup (each path against a target-only path of its
-    own, as a sweep measures it), the share of paths below the rule, and the same for the best fixed k.
+    own, as a sweep measures it), the share of paths below the rule, the same for the best fixed k, and
+    adaptive's mean tokens per second over the best fixed k's and target-only's, replayed alike.
     `loads`: those of the sweep to replay, in this order (a fresh policy meets the first)."""
-    samples: dict[int, list[tuple[float, float, float]]] = {load: [] for load in loads or landscape.loads}
+    samples: dict[int, list[tuple[float, float, float, float]]] = {load: [] for load in loads or landscape.loads}
     best = {load: max(range(landscape.max_k(load) + 1), key=lambda k: landscape.speedup(load, k)) for load in samples}
     for path in range(config.paths):
         adaptive = replay(landscape, config, seed=3 * path, loads=list(samples))
         target_only = replay(landscape, config, seed=3 * path + 1, fixed_k=0, loads=list(samples))
         for load in samples:
             fixed = replay(landscape, config, seed=3 * path + 2, fixed_k=best[load], loads=[load])
-            samples[load].append(
-                (adaptive[load][0] / target_only[load][0], adaptive[load][1], fixed[load][0] / target_only[load][0])
-            )
+            samples[load].append((adaptive[load][0], adaptive[load][1], fixed[load][0], target_only[load][0]))
     rows = []
     for load, values in samples.items():
-        ratios = sorted(r for r, _, _ in values)
+        ratios = sorted(a / t for a, _, _, t in values)
+        adaptive_tps, fixed_tps, target_only_tps = (statistics.fmean(v[i] for v in values) for i in (0, 2, 3))
         rows.append({
             "concurrency": load,
             "best_fixed_k": best[load],
@@ -171,10 +215,20 @@ def evaluate(landscape: Landscape, config: ReplayConfig, loads: Sequence[int] | 
             "adaptive_mean_speedup": statistics.fmean(ratios),
             "adaptive_p10_speedup": ratios[len(ratios) // 10],
             "adaptive_below_rule": sum(r < RULE for r in ratios) / len(ratios),
-            "adaptive_mean_k": statistics.fmean(k for _, k, _ in values),
-            "best_fixed_below_rule": sum(f < RULE for _, _, f in values) / len(values),
+            "adaptive_mean_k": statistics.fmean(v[1] for v in values),
+            "best_fixed_below_rule": sum(f / t < RULE for _, _, f, t in values) / len(values),
+            "adaptive_vs_best_fixed": adaptive_tps / fixed_tps,
+            "adaptive_vs_target_only": adaptive_tps / target_only_tps,
         })  # fmt: skip
     return rows
+
+
+def _calls(landscape: Landscape, load: int, k: int, spread: float) -> tuple[float | None, float | None]:
+    """The propose and verify calls' seconds of a round, where the landscape knows its engine's steps."""
+    if landscape.steps is None:
+        return None, None
+    steps = landscape.steps[load]
+    return k * steps.draft_step_s * spread, steps.verify(k + 1) * spread
 
 
 def _accepted(rng: random.Random, rates: Sequence[float]) -> int:
@@ -215,12 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         paths=args.paths,
     )
     print(f"{'clients':>7} {'best k':>6} {'its x':>6} {'adaptive x':>10} {'p10':>5} {'mean k':>6} "
-          f"{'adaptive <0.98':>14} {'best k <0.98':>12}")  # fmt: skip
+          f"{'adaptive <0.98':>14} {'best k <0.98':>12} {'vs best k':>9}")  # fmt: skip
     for row in evaluate(landscape, config, args.loads):
         print(
             f"{row['concurrency']:>7} {row['best_fixed_k']:>6} {row['best_fixed_speedup']:>6.2f} "
             f"{row['adaptive_mean_speedup']:>10.3f} {row['adaptive_p10_speedup']:>5.2f} {row['adaptive_mean_k']:>6.1f} "
-            f"{row['adaptive_below_rule']:>14.0%} {row['best_fixed_below_rule']:>12.0%}"
+            f"{row['adaptive_below_rule']:>14.0%} {row['best_fixed_below_rule']:>12.0%} "
+            f"{row['adaptive_vs_best_fixed']:>9.3f}"
         )
     return 0
 

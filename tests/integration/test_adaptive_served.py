@@ -12,11 +12,35 @@ from typing import Any
 import grpc
 import pytest
 
+import orchestrator.replicas
 from inprocess.engine import SpeculativeEngine
+from specserve.adaptive import AdaptiveConfig, AdaptivePolicy
 from specserve.config import GenerationRequest
-from specserve.core.adaptive import AdaptiveK
 from specserve_client import SpecServeClient
 from tests.stack import LocalStack
+
+
+class ScriptedPolicy(AdaptivePolicy):
+    """The replica's policy deciding `decisions` in turn (from `first_k` until its first decision)."""
+
+    def __init__(self, config: AdaptiveConfig, decisions: Iterator[int], first_k: int) -> None:
+        super().__init__(config)
+        self.decisions, self.scripted_k = decisions, first_k
+
+    @property
+    def k(self) -> int:
+        return self.scripted_k
+
+    def choose(self, batch_size: int, now: float) -> int:
+        self.scripted_k = next(self.decisions)
+        return self.scripted_k
+
+
+def _policy_script(monkeypatch: pytest.MonkeyPatch, decisions: Iterator[int], first_k: int = 4) -> None:
+    """Every replica's policy follows `decisions`."""
+    monkeypatch.setattr(
+        orchestrator.replicas, "AdaptivePolicy", lambda config: ScriptedPolicy(config, decisions, first_k)
+    )
 
 
 class Recorder(grpc.aio.ServerInterceptor):
@@ -93,8 +117,7 @@ def _served_adaptive(engine: SpeculativeEngine, prompt: str, max_tokens: int) ->
 def test_the_draft_catches_up_after_target_only_rounds(
     engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = itertools.cycle([3, 0, 0, 0, 2, 0, 4])  # the policy's decisions, in turn
-    monkeypatch.setattr(AdaptiveK, "choose", lambda self, batch_size, now: next(script))
+    _policy_script(monkeypatch, itertools.cycle([3, 0, 0, 0, 2, 0, 4]))
     prompt_ids, reference, recorder = _served_adaptive(engine, "def add(a, b):", max_tokens=48)
     truth = prompt_ids + reference
     draft_context: list[int] = []
@@ -114,31 +137,11 @@ def test_the_draft_catches_up_after_target_only_rounds(
 def test_a_raised_k_takes_effect_while_predrafts_hit(monkeypatch: pytest.MonkeyPatch) -> None:
     """A window is pre-drafted at the policy's k of the moment, not the running round's: drafted at the
     round's length, a k raised from 1 waited for a rejection that, with every guess right, never came."""
-    decisions = itertools.chain([1, 1, 1], itertools.repeat(4))
-
-    def choose(self: AdaptiveK, batch_size: int, now: float) -> int:
-        self._k = next(decisions)
-        return self._k
-
-    monkeypatch.setattr(AdaptiveK, "choose", choose)
+    _policy_script(monkeypatch, itertools.chain([1, 1, 1], itertools.repeat(4)))
     with LocalStack(draft="tiny") as stack, SpecServeClient(stack.address) as client:  # the draft is the target
         stats = client.generate("def add(a, b):", max_tokens=40, ignore_eos=True).stats
     assert stats.draft_hidden_ms > 0  # pre-drafts hit
     assert len(stats.proposed_at_position) == 4 and stats.proposed_at_position[3] >= 4
-
-
-def _policy_script(monkeypatch: pytest.MonkeyPatch, decisions: Iterator[int]) -> None:
-    """The replica's policy starts at k = 0 and then decides `decisions`, in turn."""
-
-    def start_off(self: AdaptiveK) -> None:
-        self._k = self._chosen = 0
-
-    def choose(self: AdaptiveK, batch_size: int, now: float) -> int:
-        self._k = next(decisions)
-        return self._k
-
-    monkeypatch.setattr(AdaptiveK, "__post_init__", start_off)
-    monkeypatch.setattr(AdaptiveK, "choose", choose)
 
 
 @pytest.mark.parametrize("later_k", [0, 3])
@@ -147,7 +150,7 @@ def test_the_draft_is_prefilled_only_once_a_round_drafts(
 ) -> None:
     """With speculation off at the replica when a request starts, the draft's prefill would only take
     hardware from the target's passes: the first round that drafts prefills it with the context so far."""
-    _policy_script(monkeypatch, itertools.chain([0, 0, 0], itertools.repeat(later_k)))
+    _policy_script(monkeypatch, itertools.chain([0, 0, 0], itertools.repeat(later_k)), first_k=0)
     prompt_ids, reference, recorder = _served_adaptive(engine, "def add(a, b):", max_tokens=32)
     if later_k == 0:
         assert recorder.calls == []  # target-only throughout: the draft never hears of the request

@@ -1,5 +1,5 @@
-"""Replaying the adaptive policy against a sweep's measurements: the rebuilt round times give back the
-measured throughput, and the policy driven through them behaves as it does served."""
+"""The replay harness: rebuilt round times give back a sweep's measured throughput, a fixed k replays its
+own, and the command reports per load. The policy's outcomes over replays are in test_adaptive_outcomes.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specserve.bench.adaptive_replay import Landscape, ReplayConfig, conditional, evaluate, main, replay
+from specserve.bench.adaptive_replay import Landscape, ReplayConfig, StepCosts, conditional, main, replay
 
 DEEP_RATES = [0.9, 0.81, 0.73, 0.66]  # each position 0.9 given the ones before it
 
@@ -52,16 +52,6 @@ def test_a_fixed_k_replayed_without_noise_measures_its_throughput() -> None:
         assert tokens_per_second == pytest.approx(4.0 * LIGHT_THEN_HEAVY[1][k], rel=0.05)
 
 
-def test_the_policy_speculates_deep_alone_and_stops_under_load() -> None:
-    landscape = Landscape.from_rows(_rows(LIGHT_THEN_HEAVY))
-    quiet = ReplayConfig(seconds_per_load=180.0, noise=0.0, stall_probability=0.0, paths=3)
-    light, heavy = evaluate(landscape, quiet)
-    assert (light["best_fixed_k"], heavy["best_fixed_k"]) == (4, 0)
-    assert light["adaptive_mean_speedup"] > 0.85 * 2.1 and light["adaptive_mean_k"] > 2.5
-    assert heavy["adaptive_mean_speedup"] > 0.95 and heavy["adaptive_mean_k"] < 0.5
-    assert heavy["best_fixed_below_rule"] == 0.0  # target-only against itself, without noise
-
-
 def test_a_sweep_without_target_only_is_refused() -> None:
     rows = [r for r in _rows(LIGHT_THEN_HEAVY) if not (r["mode"] == "target-only" and r["concurrency"] == 16)]
     with pytest.raises(ValueError, match="load 16"):
@@ -76,20 +66,9 @@ def test_the_command_prints_a_line_per_load(tmp_path, capsys) -> None:
     assert len(lines) == 3 and lines[1].split()[:2] == ["1", "4"] and lines[2].split()[:2] == ["16", "0"]
 
 
-def test_a_fresh_policy_under_load_pays_little_for_the_drafts_catching_up() -> None:
-    """Where target-only is fastest, each exploration from it first has every session's draft catch up on its
-    context (`catch_up_s` each): a fresh policy meeting 8 then 16 clients explores rarely enough to keep
-    target-only's pace."""
-    heavy = {8: {0: 1.0, 1: 0.85, 2: 0.8, 4: 0.75}, 16: {0: 1.0, 1: 0.8, 2: 0.7, 4: 0.6}}
-    landscape = Landscape.from_rows(_rows(heavy))
-    rows = evaluate(landscape, ReplayConfig(catch_up_s=0.4, paths=20))
-    assert [row["concurrency"] for row in rows] == [8, 16]
-    assert all(row["adaptive_mean_speedup"] > 0.98 and row["adaptive_mean_k"] < 0.1 for row in rows), rows
-
-
-def test_a_batch_one_short_now_and_then_does_not_leave_target_only_unpriced() -> None:
-    """At 4 clients a decision now and then sees 3 sessions (one between requests), another batch size bucket:
-    leaving target-only there is priced like an exploration too (unpriced, adaptive ran at 0.95x)."""
-    landscape = Landscape.from_rows(_rows({1: {0: 1.0, 1: 1.5, 2: 1.8, 4: 2.1}, 4: {0: 1.0, 1: 0.95, 2: 0.93, 4: 0.9}}))
-    rows = evaluate(landscape, ReplayConfig(catch_up_s=0.4, short_batch=0.2, paths=20))
-    assert rows[1]["concurrency"] == 4 and rows[1]["adaptive_mean_speedup"] > 0.965, rows
+def test_a_landscape_from_step_costs_prices_a_round_as_draft_steps_plus_a_verify() -> None:
+    steps = StepCosts(draft_step_s=0.01, verify_s={1: 0.03, 5: 0.07})
+    assert steps.verify(3) == pytest.approx(0.05) and steps.verify(9) == pytest.approx(0.11)  # along the slope
+    landscape = Landscape.from_costs(steps, [0.5, 0.5])
+    assert landscape.tokens_per_second(1, 0) == pytest.approx(1 / 0.03)
+    assert landscape.tokens_per_second(1, 2) == pytest.approx(1.75 / (0.02 + 0.05))
