@@ -160,8 +160,8 @@ class LlamaCppOptions:
 
     threads: int
     """CPU threads for every pass."""
-    kv_cache_tokens: int = 16384
-    """KV cache cells shared by all sessions of the worker (each cell holds one token of one session)."""
+    kv_cache_tokens: int
+    """KV cache cells shared by all sessions of the worker (ModelConfig.kv_cache_tokens)."""
     max_sequences: int = MAX_SEQUENCES
     """Sessions that can hold KV entries at once."""
     batch_tokens: int = 512

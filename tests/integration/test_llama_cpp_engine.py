@@ -106,6 +106,14 @@ def test_sequence_ids_come_back_and_a_full_cache_is_a_clear_error(cpp_target: Lo
     first.release()
 
 
+def test_a_full_cache_is_resource_exhausted_on_the_wire() -> None:
+    import grpc
+
+    from specserve.rpc import status_for
+
+    assert status_for(KVCacheFullError("the KV cache is full")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 def test_non_gguf_models_are_refused_with_the_reason(home: Path) -> None:
     with pytest.raises(ValueError, match="GGUF"):
         load_model(ModelConfig("Qwen/Qwen2.5-0.5B", device="cpu", engine="llama.cpp"), home, progress=False)
