@@ -12,7 +12,7 @@ from specserve.models.batching import feed_batch
 from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids, new_sequence
-from specserve.models.slot_cache import SlotCacheConfig, SlotPool, SlotSequence
+from specserve.models.slot_cache import SlotCacheConfig, SlotSequence, in_a_slot, slot_pool
 from specserve.models.step_graphs import StepGraphs
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 from specserve.worker.sessions import SessionNotFoundError, SessionStore
@@ -44,20 +44,16 @@ class DraftWorker:
         self.loaded = loaded
         slot_cache = slot_cache or SlotCacheConfig()
         self.sessions: SessionStore[DraftSession] = SessionStore(max_sessions, idle_ttl_s)
-        self.pool: SlotPool | None = None
+        self.pool = slot_pool(loaded, slot_cache)
         self.steps: StepGraphs | None = None
-        if slot_cache.active_on(loaded.device) and loaded.decoder is not None:
-            self.pool = SlotPool(loaded.model, slot_cache)
+        if self.pool is not None:
             self.steps = StepGraphs(loaded.model, self.pool, slot_cache.cuda_graphs, loaded.vocab_size)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> DraftSession:
         check_prompt(prompt_token_ids, self.loaded)
         session = self.new_session(prompt_token_ids, seed)
-        pool, decoder = self.pool, self.loaded.decoder
-        if pool is not None and decoder is not None and len(prompt_token_ids) < pool.tokens_per_slot:
-            slot = pool.acquire()
-            if slot is not None:  # else a growing cache, as for a prompt too long for a slot
-                session.sequence = SlotSequence(self.loaded.model, prompt_token_ids, decoder, pool, slot)
+        if (in_slot := in_a_slot(self.pool, self.loaded, prompt_token_ids)) is not None:  # else a growing cache
+            session.sequence = in_slot
         return session
 
     def new_session(self, prompt_token_ids: list[int], seed: int | None) -> DraftSession:

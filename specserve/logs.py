@@ -127,14 +127,14 @@ def _traced(handler: grpc.RpcMethodHandler, method: str, given: str | None) -> g
         extra = {"request_id": _request_id.get(), "rpc_method": method, "rpc_code": code_name, "duration_ms": ms}
         logger.log(level_now, "%s %s in %.1f ms", method, code_name, ms, extra=extra)
 
-    if handler.response_streaming and not handler.request_streaming:
-        behaviour = handler.unary_stream
+    def traced_stream(behaviour: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]) -> Any:
+        """A response stream (to one request or to a stream of them): one line at its end."""
 
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             bind_request_id(given)
             started, error = time.perf_counter(), None
             try:
-                async for item in behaviour(request, context):
+                async for item in behaviour(requests, context):
                     yield item
             except BaseException as e:
                 error = e
@@ -142,7 +142,10 @@ def _traced(handler: grpc.RpcMethodHandler, method: str, given: str | None) -> g
             finally:
                 done(context, started, error)
 
-        return handler._replace(unary_stream=stream)
+        return stream
+
+    if handler.response_streaming and not handler.request_streaming:
+        return handler._replace(unary_stream=traced_stream(handler.unary_stream))
     if not handler.response_streaming and not handler.request_streaming:
         behaviour = handler.unary_unary
 
@@ -158,22 +161,8 @@ def _traced(handler: grpc.RpcMethodHandler, method: str, given: str | None) -> g
                 done(context, started, error)
 
         return handler._replace(unary_unary=unary)
-    if handler.response_streaming and handler.request_streaming:  # a session's round stream: one line at its end
-        rounds = handler.stream_stream
-
-        async def stream_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            bind_request_id(given)
-            started, error = time.perf_counter(), None
-            try:
-                async for item in rounds(requests, context):
-                    yield item
-            except BaseException as e:
-                error = e
-                raise
-            finally:
-                done(context, started, error)
-
-        return handler._replace(stream_stream=stream_stream)
+    if handler.response_streaming and handler.request_streaming:  # a session's round stream
+        return handler._replace(stream_stream=traced_stream(handler.stream_stream))
     return handler  # specserve has no client-streaming methods with a unary response
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
 
 from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.core.verify import TARGET_STREAM, greedy_verify, logits_to_probs, make_generator, rejection_sample
@@ -13,7 +12,7 @@ from specserve.models.batching import feed_batch
 from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.loading import LoadedModel
 from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids, new_sequence
-from specserve.models.slot_cache import SlotCacheConfig, SlotPool, SlotSequence
+from specserve.models.slot_cache import SlotCacheConfig, SlotSequence, in_a_slot, slot_pool
 from specserve.worker.sessions import SessionNotFoundError, SessionStore
 
 
@@ -38,20 +37,13 @@ class TargetWorker:
         pass by the same lean pass as a growing cache, so outputs are unchanged; off unless given."""
         self.loaded = loaded
         self.sessions: SessionStore[TargetSession] = SessionStore(max_sessions, idle_ttl_s)
-        self.pool: SlotPool | None = None
-        if slot_cache is not None and slot_cache.active_on(loaded.device) and loaded.decoder is not None:
-            assert isinstance(loaded.model, PreTrainedModel)
-            self.pool = SlotPool(loaded.model, slot_cache)
+        self.pool = slot_pool(loaded, slot_cache) if slot_cache is not None else None
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> TargetSession:
         check_prompt(prompt_token_ids, self.loaded)
         session = TargetSession(self.loaded, prompt_token_ids, seed)
-        pool, decoder = self.pool, self.loaded.decoder
-        if pool is not None and decoder is not None and len(prompt_token_ids) < pool.tokens_per_slot:
-            slot = pool.acquire()
-            if slot is not None:  # else a growing cache
-                assert isinstance(self.loaded.model, PreTrainedModel)
-                session.sequence = SlotSequence(self.loaded.model, prompt_token_ids, decoder, pool, slot)
+        if (in_slot := in_a_slot(self.pool, self.loaded, prompt_token_ids)) is not None:  # else a growing cache
+            session.sequence = in_slot
         return session
 
     def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None = None) -> None:

@@ -76,7 +76,6 @@ def _bench_overhead(cfg: OverheadConfig, config: EngineConfig, json_path: str | 
     """Host overhead per round of the served stack (specserve/bench/overhead.py)."""
     from specserve.bench.config import PIPELINED
     from specserve.bench.overhead import format_rows, overhead_rows
-    from specserve.bench.report import machine
     from specserve.bench.served import ServedStack
 
     if config.draft is None:
@@ -87,10 +86,7 @@ def _bench_overhead(cfg: OverheadConfig, config: EngineConfig, json_path: str | 
                              cfg.requests_per_client, cfg.repeats)  # fmt: skip
     print(format_rows(rows))
     if json_path:
-        command = "specserve " + " ".join(sys.argv[1:])
-        summary = {"date": started, "command": command, "machine": machine(), "rows": rows}
-        Path(json_path).write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"wrote {json_path}")
+        _write_rows(json_path, started, rows)
     return 0
 
 
@@ -98,7 +94,6 @@ def _bench_sweep(sweep: SweepConfig, config: EngineConfig, json_path: str | None
     """Closed-loop clients at each concurrency, or open-loop arrivals at each rate, against the served stack."""
     from specserve.bench.load import Compared, check_departures, rate_sweep
     from specserve.bench.load import sweep as closed_loop
-    from specserve.bench.report import machine
     from specserve.bench.served import ServedStack
     from specserve.bench.workloads import workload
     from specserve.models.config import ModelConfig
@@ -126,11 +121,17 @@ def _bench_sweep(sweep: SweepConfig, config: EngineConfig, json_path: str | None
 
         real_departures = check_departures(load_model(config.target), compared)
     if json_path:
-        command = "specserve " + " ".join(sys.argv[1:])
-        summary = {"date": started, "command": command, "machine": machine(), "rows": rows}
-        Path(json_path).write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"wrote {json_path}")
+        _write_rows(json_path, started, rows)
     if real_departures:
         print(f"NOT LOSSLESS: {real_departures} outputs departed from target-only away from a near-tie")
         return 1
     return 0
+
+
+def _write_rows(json_path: str, started: str, rows: list[dict]) -> None:
+    """A sweep's rows as JSON, with when, how and where they were measured."""
+    from specserve.bench.report import machine
+
+    summary = {"date": started, "command": "specserve " + " ".join(sys.argv[1:]), "machine": machine(), "rows": rows}
+    Path(json_path).write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {json_path}")

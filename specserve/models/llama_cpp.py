@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from specserve.models.pass_clock import model_pass
+from specserve.models.pending import PendingTokens
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +294,7 @@ def _free_native(lib: C.CDLL, model: int, context: int, batch: _Batch) -> None:
     lib.llama_model_free(model)
 
 
-class LlamaCppSequence:
+class LlamaCppSequence(PendingTokens):
     """CachedSequence on a llama.cpp model: tokens 0..num_cached-1 have KV entries under this sequence's id."""
 
     def __init__(self, model: LlamaCppModel, token_ids: list[int]) -> None:
@@ -302,19 +303,6 @@ class LlamaCppSequence:
         self.num_cached = 0
         self.seq_id = model.acquire_sequence_id()
         self._release = weakref.finalize(self, model.release_sequence_id, self.seq_id)
-
-    @property
-    def num_pending(self) -> int:
-        return len(self.token_ids) - self.num_cached
-
-    def prefill(self, max_tokens: int | None = None, num_left: int = 1) -> bool:
-        """As CachedSequence.prefill: cache all but the last `num_left` tokens, `max_tokens` per call."""
-        end = len(self.token_ids) - num_left
-        if max_tokens is not None:
-            end = min(end, self.num_cached + max_tokens)
-        if end > self.num_cached:
-            self.feed(1, upto=end)
-        return self.num_cached >= len(self.token_ids) - num_left
 
     def feed(self, num_logits: int, upto: int | None = None) -> torch.Tensor:
         """Run the pending tokens (through `upto`) in one pass; logits [num_logits, vocab] of the last ones."""

@@ -9,6 +9,7 @@ from specserve.models.lean import LeanDecoder
 from specserve.models.llama_cpp import LlamaCppModel, LlamaCppSequence
 from specserve.models.loading import LoadedModel
 from specserve.models.pass_clock import model_pass
+from specserve.models.pending import PendingTokens
 
 
 def check_token_ids(token_ids: list[int], loaded: LoadedModel, field: str) -> None:
@@ -33,8 +34,8 @@ def new_sequence(loaded: LoadedModel, token_ids: list[int]) -> CachedSequence | 
     return CachedSequence(loaded.model, token_ids, loaded.decoder)
 
 
-class CachedSequence:
-    """Tokens 0..num_cached-1 are in the KV cache; the rest are pending until the next feed()."""
+class CachedSequence(PendingTokens):
+    """Tokens 0..num_cached-1 are in the KV cache (a growing DynamicCache); the rest are pending."""
 
     def __init__(self, model: PreTrainedModel, token_ids: list[int], decoder: LeanDecoder | None = None) -> None:
         self.model = model
@@ -42,20 +43,6 @@ class CachedSequence:
         self.token_ids = list(token_ids)
         self.cache = DynamicCache(config=model.config)
         self.num_cached = 0
-
-    @property
-    def num_pending(self) -> int:
-        return len(self.token_ids) - self.num_cached
-
-    def prefill(self, max_tokens: int | None = None, num_left: int = 1) -> bool:
-        """Cache the prompt but its last `num_left` tokens (the first round feeds those), at most `max_tokens`
-        per call; True once done. In chunks, a long prompt lets other sessions' passes run in between."""
-        end = len(self.token_ids) - num_left
-        if max_tokens is not None:
-            end = min(end, self.num_cached + max_tokens)
-        if end > self.num_cached:
-            self.feed(1, upto=end)
-        return self.num_cached >= len(self.token_ids) - num_left
 
     @torch.inference_mode()
     def feed(self, num_logits: int, upto: int | None = None) -> torch.Tensor:

@@ -14,7 +14,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specserve.models.lean import LeanDecoder
+from specserve.models.loading import LoadedModel
 from specserve.models.pass_clock import model_pass
+from specserve.models.pending import PendingTokens
 from specserve.models.sequence import CachedSequence
 
 
@@ -83,7 +85,7 @@ class SlotView:
         return keys[self.slot, :end].transpose(0, 1)[None], values[self.slot, :end].transpose(0, 1)[None]
 
 
-class SlotSequence:
+class SlotSequence(PendingTokens):
     """CachedSequence's interface (token_ids, num_cached, prefill, feed, truncate) over one pool slot. Passes
     over several tokens (prompt chunks) run the lean decoder into the slot; one-token steps of many sessions
     run batched in StepGraphs. The slot returns to the pool when the sequence is released or dropped."""
@@ -94,15 +96,8 @@ class SlotSequence:
         self.num_cached = 0
         self._finalizer = weakref.finalize(self, pool.free, slot)
 
-    @property
-    def num_pending(self) -> int:
-        return len(self.token_ids) - self.num_cached
-
     def fits(self, num_tokens: int) -> bool:
         return num_tokens <= self.pool.tokens_per_slot
-
-    def prefill(self, max_tokens: int | None = None, num_left: int = 1) -> bool:
-        return CachedSequence.prefill(self, max_tokens, num_left)  # type: ignore[arg-type]  # same bookkeeping
 
     @torch.inference_mode()
     def feed(self, num_logits: int, upto: int | None = None) -> torch.Tensor:
@@ -139,3 +134,23 @@ class SlotSequence:
             sequence.num_cached = self.num_cached
         self.release()
         return sequence
+
+
+def slot_pool(loaded: LoadedModel, config: SlotCacheConfig) -> SlotPool | None:
+    """A pool for the model's sessions where `config` is active on its device and the lean pass can fill it."""
+    if not config.active_on(loaded.device) or loaded.decoder is None:
+        return None
+    assert isinstance(loaded.model, PreTrainedModel)
+    return SlotPool(loaded.model, config)
+
+
+def in_a_slot(pool: SlotPool | None, loaded: LoadedModel, token_ids: list[int]) -> SlotSequence | None:
+    """The sequence in a free slot of `pool`; None without a pool, with it full, or for a prompt too long."""
+    decoder = loaded.decoder
+    if pool is None or decoder is None or len(token_ids) >= pool.tokens_per_slot:
+        return None
+    slot = pool.acquire()
+    if slot is None:
+        return None
+    assert isinstance(loaded.model, PreTrainedModel)
+    return SlotSequence(loaded.model, token_ids, decoder, pool, slot)
