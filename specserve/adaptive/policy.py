@@ -79,7 +79,10 @@ class AdaptivePolicy:
             self.costs.observe_lag(draft_lag)
         elif asked > 0:
             self.acceptance.observe(num_accepted, drafted, stopped_early=drafted < asked)
-        self.costs.observe_calls(batch_size, drafted, draft_s, verify_s, now)
+        # in a batch the pass verifies every session's window at once, so a session's verify call lasts what
+        # the deepest window (the policy's k) costs, whatever its own window's length
+        window = drafted if batch_size == 1 else min(k, self.max_k)
+        self.costs.observe_calls(batch_size, window, draft_s, verify_s, now)
         self._last_round_s = seconds
         if now - seconds < self._measured_from:
             return  # other sessions still ran the previous k (their windows set the pass's cost)

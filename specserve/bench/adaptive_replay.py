@@ -146,6 +146,9 @@ class ReplayConfig:
     short_batch: float = 0.2
     """Share of decisions taken one session short (a session between requests): where that is another batch
     size bucket (3 of 4 sessions is; 15 of 16 is not) the bucket changes between decisions."""
+    early_stop: float = 0.0
+    """Share of windows the draft ends early (a low-confidence draft), at a position uniform in 1..k-1. In a
+    batch the session's verify call still lasts the batch's pass, which the deepest window sets."""
     paths: int = 100
 
 
@@ -179,9 +182,12 @@ def replay(
             previous_k = k
             now += seconds
             for _ in range(load):  # every session of the batch finishes this round
-                num_accepted = _accepted(rng, landscape.acceptance[load][:k])
+                drafted = rng.randint(1, k - 1) if k > 1 and rng.random() < config.early_stop else k
+                num_accepted = _accepted(rng, landscape.acceptance[load][:drafted])
+                if load == 1:  # alone, the verify call is the session's own window
+                    verify_s = _calls(landscape, load, drafted, spread)[1]
                 policy.observe(
-                    batch_size, k, num_accepted, seconds, now,
+                    batch_size, k, num_accepted, seconds, now, num_drafted=drafted,
                     draft_s=draft_s, verify_s=verify_s, draft_lag=config.catch_up_tokens,
                 )  # fmt: skip
                 tokens += (num_accepted + 1) if now > counted_from else 0

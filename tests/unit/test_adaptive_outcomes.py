@@ -113,3 +113,14 @@ def test_the_bounds_fail_a_rule_that_ignores_costs() -> None:
     fixed = [replay(landscape, ONE_CLIENT, seed=seed, fixed_k=4)[1][0] for seed in range(4)]
     target_only = [replay(landscape, ONE_CLIENT, seed=seed, fixed_k=0)[1][0] for seed in range(4)]
     assert sum(fixed) / sum(target_only) < 0.85
+
+
+def test_in_a_batch_windows_the_draft_ended_early_do_not_hide_what_long_windows_cost() -> None:
+    """8 sessions on a 2-core CPU, where the batched pass grows with the window and target-only is fastest.
+    A third of the windows end early, yet their verify calls last the batch's pass, set by the deepest
+    window: timed by their own length, the verify would look flat in length and k = 4 cheap (0.84x)."""
+    batched = StepCosts(0.09, {1: 0.25, 2: 0.38, 5: 0.78, 9: 1.3})
+    landscape = Landscape.from_costs(batched, _alpha(0.8), loads=(8,))
+    assert landscape.speedup(8, 4) < 0.8
+    row = _outcome(landscape, ReplayConfig(seconds_per_load=120.0, warmup_s=10.0, early_stop=0.3, paths=10))
+    assert row["adaptive_vs_target_only"] > 0.96 and row["adaptive_mean_k"] < 0.5, row
