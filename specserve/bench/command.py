@@ -14,7 +14,8 @@ from specserve.bench.config import BenchConfig, OverheadConfig, SweepConfig
 from specserve.config import EngineConfig
 from specserve.flags import add_config_flags, build_from_flags
 
-LOAD_FLAGS = ("concurrency", "requests_per_client", "duration_s", "warmup_s", "repeats")
+LOAD_FLAGS = ("concurrency", "requests_per_client", "duration_s", "warmup_s", "repeats", "peer_llama_cpp",
+              "llama_cpp_draft_max")  # fmt: skip
 RATE_FLAGS = ("request_rate", "num_requests")
 SWEEP_FLAGS = tuple(f.name for f in dataclasses.fields(SweepConfig) if f.name not in LOAD_FLAGS + RATE_FLAGS)
 
@@ -104,13 +105,18 @@ def _bench_sweep(sweep: SweepConfig, config: EngineConfig, json_path: str | None
     workloads = {category: workload(category, sweep.num_prompts) for category in sweep.categories}
     compared: list[Compared] | None = [] if sweep.check_ties else None
     extra = [ModelConfig(name, quantization=config.draft.quantization) for name in sweep.drafts]
+    peers = None
+    if sweep.peer_llama_cpp is not None:
+        from specserve.bench.llama_cpp_peer import load_peers
+
+        peers = load_peers(sweep, config.target.name, config.draft.name)
     with ServedStack(config.target, config.draft, sweep.confidence_threshold, extra_drafts=extra) as stack:
         clients, rows = stack.load_clients, []
         if sweep.concurrency:
             rows += closed_loop(clients, workloads, list(sweep.concurrency), sweep.max_tokens,
                                 sweep.requests_per_client, temperature=sweep.temperature, modes=sweep.modes,
                                 repeats=sweep.repeats, duration_s=sweep.duration_s, warmup_s=sweep.warmup_s,
-                                compared=compared)  # fmt: skip
+                                compared=compared, peers=peers)  # fmt: skip
         for category, prompts in workloads.items() if sweep.request_rate else ():
             rows += rate_sweep(clients, prompts, list(sweep.request_rate), sweep.max_tokens, sweep.num_requests,
                                temperature=sweep.temperature, category=category, modes=sweep.modes,

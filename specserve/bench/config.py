@@ -136,6 +136,12 @@ class SweepConfig:
     """`rate`: open-loop Poisson arrivals at each of these rates (requests per second)."""
     num_requests: int = 16
     """`rate`: requests per mode at each rate."""
+    peer_llama_cpp: str | None = field(default=None, metadata=flag("--peer-llama-cpp", metavar="BIN_DIR"))
+    """`load`, greedy: also run llama.cpp's llama-server from this build's bin folder on the same GGUF files, at
+    N clients with N slots (-np N, continuous batching), target-only and its speculation with the draft model
+    (which the pinned version runs with several slots), in turns with the served modes."""
+    llama_cpp_draft_max: tuple[int, ...] = field(default=(3, 8), metadata=flag(metavar="N"))
+    """`load` with the llama.cpp peer: one speculation mode per draft length (its --spec-draft-n-max)."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -146,6 +152,8 @@ class SweepConfig:
             raise ValueError(f"warmup_s must be >= 0, got {self.warmup_s}")
         if self.check_ties and self.temperature != 0:
             raise ValueError("check_ties compares greedy outputs: it needs temperature 0")
+        if self.peer_llama_cpp is not None and self.temperature != 0:
+            raise ValueError(f"the llama.cpp peer runs greedy: temperature must be 0, got {self.temperature}")
         if not self.concurrency and not self.request_rate:
             raise ValueError("a sweep needs concurrency (closed loop) or request_rate (open loop)")
         unknown = sorted({m.draft for m in map(parse_mode, self.modes) if m.draft} - set(self.drafts))

@@ -1,7 +1,8 @@
 """`specserve bench load --concurrency N ...`: closed-loop clients streaming back-to-back requests through a
 served stack, per mode (target-only, fixed k, adaptive, with or without the draft's early stop): aggregate
 output tokens/s, latency p50/p99, TTFT, TPOT, acceptance (per position too), draft time hidden by
-overlap, the bound speculation could reach and the efficiency against it, and identity with target-only."""
+overlap, the bound speculation could reach and the efficiency against it, and identity with target-only; a
+peer's modes (Peers: llama-server) take turns with them through the same clients."""
 
 from __future__ import annotations
 
@@ -10,17 +11,20 @@ import itertools
 import math
 import random
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import grpc
-
-from specserve_client import SpecServeClient, build_request
+from specserve.bench.streams import Prompt, Send, ServedStream, Stream, StreamError
+from specserve_client import SpecServeClient
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from protos import specserve_pb2 as pb
     from specserve.models.loading import LoadedModel
 
@@ -71,8 +75,10 @@ Clients = Mapping[bool | str, SpecServeClient]
 """Mode.client_key -> the orchestrator to send that mode's requests to: early_stop, or an extra draft's name."""
 
 
-Prompt = tuple[str, bool]  # (text, send through the chat template)
 RequestKey = tuple[int, int, int]  # (repeat, client, request): the same prompt in every mode
+Peers = Callable[[list[Prompt], int], AbstractContextManager[dict[str, Send]]]
+"""(a workload's prompts, concurrency) -> a peer's modes at that load by name, its servers up while the context
+is open (so that they run in turns with the served modes, never beside them)."""
 
 
 @dataclass(slots=True)
@@ -82,16 +88,16 @@ class Window:
     start: float
     end: float = math.inf
     closed: bool = False
-    _calls: set[grpc.Call] = field(default_factory=set)
+    _calls: set[Stream] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, call: grpc.Call) -> None:
+    def add(self, call: Stream) -> None:
         with self._lock:
             self._calls.add(call)
             if self.closed:  # closed while this call was being made
                 call.cancel()
 
-    def discard(self, call: grpc.Call) -> None:
+    def discard(self, call: Stream) -> None:
         with self._lock:
             self._calls.discard(call)
 
@@ -166,6 +172,8 @@ class LoadRun:
     draft_wait_s: float = 0.0
     draft_hidden_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+    peer: bool = False
+    """A peer's run: it reports no rounds, so no bound or efficiency."""
 
     def observe(self, stats: pb.GenerationStats) -> None:
         """Add one request's final statistics."""
@@ -203,7 +211,7 @@ class LoadRun:
             identical = sum(reference.outputs[key] == self.outputs[key] for key in both)
             compared = len(both)
         mean_acceptance_length = (self.accepted + self.rounds) / self.rounds if self.rounds else 1.0
-        if reference is not None and reference.seconds:
+        if reference is not None and reference.seconds and not self.peer:
             # every round as cheap as a target-only step, the draft free: what speculation could reach
             bound = reference.counted_tokens / reference.seconds * mean_acceptance_length
         drafting_s = self.draft_wait_s + self.draft_hidden_s
@@ -252,14 +260,17 @@ def run_load(
     repeat: int = 0,
     duration_s: float | None = None,
     warmup_s: float = 0.0,
+    send: Send | None = None,
 ) -> LoadRun:
     """Closed loop: `concurrency` clients, each sending its requests back to back: `requests_per_client`
     each, or (`duration_s`) as many as fit before the window closes, counting the tokens of its
     `duration_s` only: every client is busy all through that window, so the figure is the throughput at
     this concurrency, without the start (every prompt prefilled at once) and the tail (the last clients
     alone) of a fixed batch of requests. The window opens `warmup_s` after every client's first token
-    (Opening): a warm-up of a few request lengths lets the clients' phases spread."""
-    run = LoadRun(mode, concurrency, category, temperature, max_tokens=max_tokens)
+    (Opening): a warm-up of a few request lengths lets the clients' phases spread. `send`: a peer's mode
+    (None: the served stack's `mode`)."""
+    run = LoadRun(mode, concurrency, category, temperature, max_tokens=max_tokens, peer=send is not None)
+    send = send or _served(clients, mode, temperature)
     lock = threading.Lock()
     window = Window(math.inf) if duration_s else Window(time.perf_counter())
     opening = Opening(window, concurrency, warmup_s, duration_s) if duration_s else None
@@ -273,7 +284,7 @@ def run_load(
             tokens = max(1, max_tokens * (index + 1) // concurrency) if duration_s and j == 0 else max_tokens
             started = functools.partial(opening.client_started, index) if opening is not None and j == 0 else None
             key = (repeat, index, j)
-            ok = not window.closed and _request(clients, run, lock, key, prompt, tokens, window, started)
+            ok = not window.closed and _request(send, run, lock, key, prompt, tokens, window, started)
             if started is not None:
                 started()  # also when the request ended without a token
             if duration_s and not ok:  # the window's end, or an error: a timed client does not retry in a loop
@@ -300,10 +311,11 @@ def run_rate(
     rng = random.Random(seed)
     arrivals = list(itertools.accumulate(rng.expovariate(request_rate) for _ in range(num_requests)))
     window = Window(time.perf_counter())
+    send = _served(clients, mode, temperature)
 
     def arrive(i: int) -> None:
         time.sleep(arrivals[i])
-        _request(clients, run, lock, (0, i, 0), prompts[i % len(prompts)], max_tokens, window)
+        _request(send, run, lock, (0, i, 0), prompts[i % len(prompts)], max_tokens, window)
 
     return _timed(run, [threading.Thread(target=arrive, args=(i,)) for i in range(num_requests)])
 
@@ -326,8 +338,13 @@ def _timed(
     return run
 
 
+def _served(clients: Clients, mode: str, temperature: float) -> Send:
+    parsed = parse_mode(mode)
+    return functools.partial(ServedStream, clients[parsed.client_key], parsed.k, temperature=temperature)
+
+
 def _request(
-    clients: Clients,
+    send: Send,
     run: LoadRun,
     lock: threading.Lock,
     key: RequestKey,
@@ -338,34 +355,26 @@ def _request(
 ) -> bool:
     """One streamed request; False when it failed or was cut at the window's end. `first_token` is called
     when its first token arrives."""
-    text, chat = prompt
     started = time.perf_counter()
     token_ids: list[int] = []
-    ttft, counted = None, 0
-    message = {"messages": [("user", text)]} if chat else {"prompt": text}
-    mode = parse_mode(run.mode)
-    client = clients[mode.client_key]
-    request = build_request(
-        **message, max_tokens=max_tokens, num_speculative_tokens=mode.k, ignore_eos=True,
-        temperature=run.temperature,  # no seed: a seeded sample keeps a fixed k
-    )  # fmt: skip
-    call = client.stub.GenerateStream(request, timeout=client.timeout_s)
+    ttft, counted, stats = None, 0, None
+    call = send(prompt, max_tokens)
     window.add(call)
     try:
-        for chunk in call:
+        for chunk_token_ids, chunk_stats in call:
             now = time.perf_counter()
-            if chunk.token_ids and ttft is None:
+            if chunk_token_ids and ttft is None:
                 ttft = now - started
                 if first_token is not None:
                     first_token()
-            counted += len(chunk.token_ids) if window.start <= now <= window.end else 0
-            token_ids.extend(chunk.token_ids)
-            stats = chunk.stats
-    except grpc.RpcError as error:
+            counted += len(chunk_token_ids) if window.start <= now <= window.end else 0
+            token_ids.extend(chunk_token_ids)
+            stats = chunk_stats if chunk_stats is not None else stats
+    except StreamError as error:
         window.discard(call)
         with lock:
             run.counted_tokens += counted
-            if not (window.closed and error.code() == grpc.StatusCode.CANCELLED):  # cut at the window's end
+            if not (window.closed and error.cancelled):  # cut at the window's end
                 run.errors.append(str(error))
         return False
     window.discard(call)
@@ -378,7 +387,8 @@ def _request(
             run.latencies.append(latency)
             run.ttfts.append(ttft)
             run.tpots.append((latency - ttft) / max(1, len(token_ids) - 1))
-        run.observe(stats)
+        if stats is not None:
+            run.observe(stats)
     return True
 
 
@@ -395,28 +405,31 @@ def sweep(
     duration_s: float | None = None,
     warmup_s: float = 0.0,
     compared: list[Compared] | None = None,
+    peers: Peers | None = None,
 ) -> list[dict]:
     """Every mode at every concurrency for every workload; per (workload, concurrency) the modes take turns
     `repeats` times, every other time in reverse order (on a shared machine the speed drifts: taking turns
     spreads the drift over all modes, and reversing cancels a steady one, which in the same order each time
     would favour the modes that run later when the machine speeds up); target-only is the reference,
-    whether asked for or not, and its row comes first. `compared` collects each row with its run and the
-    reference, for check_departures()."""
+    whether asked for or not, and its row comes first. The `peers`' modes take their turns after the served
+    ones. `compared` collects each row with its run and the reference, for check_departures()."""
     rows = []
     order = _with_reference(modes)
     for category, prompts in workloads.items():
         for concurrency in concurrencies:
             runs: dict[str, LoadRun] = {}
-            for repeat in range(repeats):
-                for mode in order if repeat % 2 == 0 else order[::-1]:
-                    run = run_load(
-                        clients, mode, concurrency, prompts, max_tokens, requests_per_client, category, temperature,
-                        repeat, duration_s, warmup_s,
-                    )  # fmt: skip
-                    if mode in runs:
-                        runs[mode].merge(run)
-                    else:
-                        runs[mode] = run
+            with peers(prompts, concurrency) if peers is not None else nullcontext({}) as sends:
+                schedule = order + list(sends)
+                for repeat in range(repeats):
+                    for mode in schedule if repeat % 2 == 0 else schedule[::-1]:
+                        run = run_load(
+                            clients, mode, concurrency, prompts, max_tokens, requests_per_client, category,
+                            temperature, repeat, duration_s, warmup_s, send=sends.get(mode),
+                        )  # fmt: skip
+                        if mode in runs:
+                            runs[mode].merge(run)
+                        else:
+                            runs[mode] = run
             reference = runs["target-only"]
             for run in runs.values():
                 rows.append(run.summary(reference))
@@ -475,7 +488,7 @@ def check_departures(target: LoadedModel, compared: list[Compared], log: bool = 
     greedy: dict[Prompt, list[int]] = {}
     with tqdm(total=sum(lengths.values()), desc="batch-1 target-only", unit="tok", disable=not log) as bar:
         for prompt, length in lengths.items():
-            token_ids[prompt], greedy[prompt] = _prompt_token_ids(target, prompt), []
+            token_ids[prompt], greedy[prompt] = prompt_token_ids(target.tokenizer, prompt), []
             for _ in range(length):  # one pass per token on the decoder's cache
                 greedy[prompt].append(int(decoder.logits(token_ids[prompt], greedy[prompt]).argmax()))
                 bar.update()
@@ -503,14 +516,14 @@ def check_departures(target: LoadedModel, compared: list[Compared], log: bool = 
     return real
 
 
-def _prompt_token_ids(target: LoadedModel, prompt: Prompt) -> list[int]:
-    """As the orchestrator tokenizes the request _request() sends."""
+def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
+    """As the orchestrator tokenizes the request a served mode sends (the server has checked its length)."""
     from specserve.config import GenerationRequest
     from specserve.prompts import tokenize_request
 
     text, chat = prompt
     request = GenerationRequest(messages=(("user", text),)) if chat else GenerationRequest(prompt=text)
-    return tokenize_request(target.tokenizer, request, target.max_context, target.vocab_size)
+    return tokenize_request(tokenizer, request, sys.maxsize, sys.maxsize)
 
 
 def _with_reference(modes: tuple[str, ...]) -> list[str]:

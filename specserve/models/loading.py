@@ -153,7 +153,7 @@ def _load_llama_cpp(
     if config.resolve_device().type != "cpu":
         raise ValueError("the llama.cpp engine runs on the CPU; choose --engine torch for a GPU")
     if preset is not None and isinstance(preset.source, TinySpec):
-        path, tokenizer = _tiny_gguf(preset, home), tiny.build_tokenizer()
+        path, tokenizer = tiny_gguf(preset, home), tiny.build_tokenizer()
     elif preset is not None:
         assert isinstance(preset.source, SplitGGUF)
         path = ensure_gguf(preset.source, home / "gguf", progress)
@@ -184,7 +184,7 @@ def _load_llama_cpp(
     return loaded
 
 
-def _tiny_gguf(preset: Preset, home: Path) -> Path:
+def tiny_gguf(preset: Preset, home: Path) -> Path:
     """The tiny test model as a float32 GGUF file, written once per spec."""
     spec = preset.source
     assert isinstance(spec, TinySpec)
