@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's CPU server (llama-server) for `specserve bench latency --peer-llama-cpp BIN_DIR`, from the
+# Builds llama.cpp's CPU server (llama-server) for `specserve bench latency|load --peer-llama-cpp BIN_DIR`, from the
 # llama-cpp-python 0.3.36 sdist on PyPI, which vendors llama.cpp commit 0c1e570 (the version the
 # performance doc's peer figures used), for this machine's CPU (GGML_NATIVE). About 15-20 minutes on two cores.
 # Usage: scripts/build_llama_cpp.sh [DIR]   (default /tmp/llama.cpp); prints the bin folder.

@@ -537,7 +537,7 @@ def format_row(row: dict) -> str:
     turns = row.get("tokens_per_second_by_turn", [])
     return (
         f"{row['category']:18} {_load_label(row):7} prompt {row['mean_prompt_tokens']:5.0f}  "
-        f"{row['mode']:12} {row['tokens_per_second']:7.2f} tok/s ({'/'.join(f'{t:.1f}' for t in turns)})  "
+        f"{row['mode']:21} {row['tokens_per_second']:7.2f} tok/s ({'/'.join(f'{t:.1f}' for t in turns)})  "
         f"p50 {_figure(row['latency_p50_s'], '6.2f')}s p99 {_figure(row['latency_p99_s'], '6.2f')}s  "
         f"ttft {_figure(row['ttft_p50_ms'], '6.0f')} ms  tpot {_figure(row['tpot_ms'], '6.0f')} ms  "
         f"accept {acceptance:4}  k {row['mean_k']:4.1f}  "

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from specserve.bench.config import SweepConfig
 from specserve.bench.llama_cpp_peer import peer_modes, server_command, slot_context
 
 
@@ -27,3 +30,8 @@ def test_a_slot_per_client_each_with_the_longest_prompt_and_its_output() -> None
 def test_one_client_keeps_the_latency_bench_s_context() -> None:
     command = server_command(Path("llama-server"), Path("target.gguf"), peer_modes(None, [], False)[0], 4, 1)
     assert command[command.index("-np") + 1] == "1" and command[command.index("-c") + 1] == "4096"
+
+
+def test_the_peer_under_load_is_greedy_only() -> None:
+    with pytest.raises(ValueError, match="greedy"):
+        SweepConfig(concurrency=(8,), temperature=0.7, peer_llama_cpp="bin")
