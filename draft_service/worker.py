@@ -129,6 +129,7 @@ class DraftSession:
         return self.sequence.prefill(max_tokens, num_left)
 
     def propose(self, k: int, sampling: SamplingParams) -> Proposal:
+        self.sequence = self.runner.make_room(self.sequence, k)
         start = len(self.sequence.token_ids)
         for _ in range(self.model_k(k, sampling)):  # feeds the accepted tokens first, then each proposal
             if self.step(self.sequence.feed(1)[-1], sampling) < self.confidence_threshold:

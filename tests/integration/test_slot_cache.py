@@ -98,6 +98,21 @@ def test_sessions_that_do_not_fit_the_pool_keep_growing_caches(tiny_draft: Loade
     assert isinstance(worker.sessions.get("long").sequence, CachedSequence) and pool.num_free == 2
 
 
+def test_an_unmanaged_session_that_outgrows_its_slot_moves_to_a_growing_cache(tiny_draft: LoadedModel) -> None:
+    sessions = [
+        worker.open_session(PROMPTS[2])  # 30 tokens: the third round's drafts overflow a slot of 40
+        for worker in (DraftWorker(tiny_draft, slot_cache=SlotCacheConfig(enabled=True, slots=1, tokens_per_slot=40)),
+                       DraftWorker(tiny_draft))
+    ]  # fmt: skip
+    drafted: list[list[list[int]]] = [[], []]
+    for session, out in zip(sessions, drafted):
+        session.prefill()
+        for _ in range(3):
+            out.append(session.propose(5, SamplingParams()).token_ids)
+            session.commit(len(session.sequence.token_ids), [7])
+    assert drafted[0] == drafted[1] and isinstance(sessions[0].sequence, CachedSequence)
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_sessions_drafted_in_slots_give_target_only_output(
     tiny_target: LoadedModel, tiny_draft: LoadedModel, k: int
