@@ -10,6 +10,7 @@ from draft_service.lookup import LOOKUP_SOURCE, MODEL_SOURCE, LookupConfig, Look
 from draft_service.worker import DraftSession, DraftWorker
 from specserve.core.types import Proposal, SamplingParams
 from specserve.models.loading import LoadedModel
+from specserve.models.runner import ModelRunner
 from specserve.models.slot_cache import SlotCacheConfig
 
 
@@ -49,8 +50,8 @@ class HybridSession(DraftSession):
     so sampled output stays exact. The adaptive k of the orchestrator sees the cheaper lookup rounds in its
     round times."""
 
-    def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None, config: HybridConfig):
-        super().__init__(loaded, prompt_token_ids, seed)
+    def __init__(self, runner: ModelRunner, prompt_token_ids: list[int], seed: int | None, config: HybridConfig):
+        super().__init__(runner, prompt_token_ids, seed)
         self.config = config
         self.lookup = LookupSession(prompt_token_ids, config.lookup)
         self.num_proposed = {MODEL_SOURCE: 0.0, LOOKUP_SOURCE: 0.0}  # recent windows' drafts, fading
@@ -119,5 +120,5 @@ class HybridWorker(DraftWorker):
         super().__init__(loaded, max_sessions, idle_ttl_s, slot_cache)
         self.config = config
 
-    def new_session(self, prompt_token_ids: list[int], seed: int | None) -> DraftSession:
-        return HybridSession(self.loaded, prompt_token_ids, seed, self.config)
+    def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> DraftSession:
+        return HybridSession(self.runner, prompt_token_ids, seed, self.config)

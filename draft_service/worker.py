@@ -8,12 +8,10 @@ import torch
 
 from specserve.core.types import Proposal, SamplingParams, SparseProbs
 from specserve.core.verify import DRAFT_STREAM, logits_to_probs, make_generator, top_support
-from specserve.models.batching import feed_batch
-from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.loading import LoadedModel
-from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids, new_sequence
-from specserve.models.slot_cache import SlotCacheConfig, SlotSequence, in_a_slot, slot_pool
-from specserve.models.step_graphs import StepGraphs
+from specserve.models.runner import DraftStep, ModelRunner, ModelSequence
+from specserve.models.sequence import check_token_ids
+from specserve.models.slot_cache import SlotCacheConfig
 from specserve.prompts import MAX_NUM_SPECULATIVE_TOKENS
 from specserve.worker.sessions import SessionNotFoundError, SessionStore
 
@@ -41,23 +39,13 @@ class DraftWorker:
         idle_ttl_s: float = 300.0,
         slot_cache: SlotCacheConfig | None = None,
     ) -> None:
+        """slot_cache: the pool and graphed steps (models/slot_cache.py); None: the default, on CUDA only."""
         self.loaded = loaded
-        slot_cache = slot_cache or SlotCacheConfig()
+        self.runner = ModelRunner(loaded, slot_cache or SlotCacheConfig())
         self.sessions: SessionStore[DraftSession] = SessionStore(max_sessions, idle_ttl_s)
-        self.pool = slot_pool(loaded, slot_cache)
-        self.steps: StepGraphs | None = None
-        if self.pool is not None:
-            self.steps = StepGraphs(loaded.model, self.pool, slot_cache.cuda_graphs, loaded.vocab_size)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> DraftSession:
-        check_prompt(prompt_token_ids, self.loaded)
-        session = self.new_session(prompt_token_ids, seed)
-        if (in_slot := in_a_slot(self.pool, self.loaded, prompt_token_ids)) is not None:  # else a growing cache
-            session.sequence = in_slot
-        return session
-
-    def new_session(self, prompt_token_ids: list[int], seed: int | None) -> DraftSession:
-        return DraftSession(self.loaded, prompt_token_ids, seed)
+        return DraftSession(self.runner, prompt_token_ids, seed)
 
     def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None = None) -> None:
         session = self.open_session(prompt_token_ids, seed)
@@ -86,48 +74,20 @@ class DraftWorker:
                 results[i] = error
                 continue
             session.commit(call.num_kept, call.new_token_ids)
-            session.make_room(call.k)
+            session.sequence = self.runner.make_room(session.sequence, call.k)
             call = replace(call, k=session.model_k(call.k, call.sampling))  # a hybrid may draft by lookup
             active.append((i, session, call, len(session.sequence.token_ids)))
         drafting = [(s, c, start) for _, s, c, start in active if c.k > 0]
         while drafting:
-            in_slots = [d for d in drafting if isinstance(d[0].sequence, SlotSequence)]
-            growing = [d for d in drafting if not isinstance(d[0].sequence, SlotSequence)]
-            confident = self._step_in_slots(in_slots) + self._step_growing(growing)
-            drafting = [
+            step = self.runner.step([s.sequence for s, _, _ in drafting])
+            drafting = [  # choose() first: every session takes its token, then those still drafting go on
                 (s, c, start)
-                for (s, c, start), ok in zip(in_slots + growing, confident)
-                if ok and len(s.sequence.token_ids) - start < c.k
+                for row, (s, c, start) in enumerate(drafting)
+                if s.choose(step, row, c.sampling) >= c.confidence_threshold and len(s.sequence.token_ids) - start < c.k
             ]
         for i, session, _, start in active:
             results[i] = session.take_proposal(start)
         return results
-
-    def _step_in_slots(self, drafting: list[tuple[DraftSession, ProposeCall, int]]) -> list[bool]:
-        """One draft token for each session, by one (graphed) step over the pool; whether each stays confident."""
-        if not drafting:
-            return []
-        assert self.steps is not None
-        out = self.steps.step([s.sequence for s, _, _ in drafting])  # type: ignore[misc]
-        confident = []
-        for row, (session, call, _) in enumerate(drafting):
-            if call.sampling.greedy:
-                session.sequence.token_ids.append(out.greedy_ids[row])
-                confidence = out.greedy_probs[row]
-            else:
-                confidence = session.step(out.logits[row], call.sampling)
-            confident.append(confidence >= call.confidence_threshold)
-        return confident
-
-    def _step_growing(self, drafting: list[tuple[DraftSession, ProposeCall, int]]) -> list[bool]:
-        """The same over sessions with growing caches: one batched pass, tokens chosen per session."""
-        if not drafting:
-            return []
-        logits = feed_batch([s.sequence for s, _, _ in drafting], [1] * len(drafting))  # type: ignore[misc]
-        return [  # row[-1]: [vocab]
-            session.step(row[-1], call.sampling) >= call.confidence_threshold
-            for (session, call, _), row in zip(drafting, logits)
-        ]
 
     def _checked(self, call: ProposeCall) -> DraftSession:
         session = self.sessions.get(call.session_id)
@@ -148,20 +108,19 @@ class DraftWorker:
 
     def release(self, session_id: str) -> bool:
         session = self.sessions.pop(session_id)
-        if session is not None and isinstance(session.sequence, (SlotSequence, LlamaCppSequence)):
-            session.sequence.release()  # at once: a dropped session frees its slot only when collected
+        if session is not None:
+            self.runner.release(session.sequence)
         return session is not None
 
 
 class DraftSession:
     """Implements core.Drafter for one request."""
 
-    def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None) -> None:
-        if not prompt_token_ids:
-            raise ValueError("the prompt must contain at least one token")
-        self.sequence: CachedSequence | SlotSequence | LlamaCppSequence = new_sequence(loaded, prompt_token_ids)
+    def __init__(self, runner: ModelRunner, prompt_token_ids: list[int], seed: int | None) -> None:
+        self.runner = runner
+        self.sequence: ModelSequence = runner.new_sequence(prompt_token_ids)
         self.generator = make_generator(seed, DRAFT_STREAM)
-        self.vocab_size = loaded.vocab_size
+        self.vocab_size = runner.loaded.vocab_size
         self._support_rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token ids, probs) per draft
         self.confidence_threshold = 0.0  # for propose(); the service passes one per call instead
 
@@ -170,11 +129,21 @@ class DraftSession:
         return self.sequence.prefill(max_tokens, num_left)
 
     def propose(self, k: int, sampling: SamplingParams) -> Proposal:
+        self.sequence = self.runner.make_room(self.sequence, k)
         start = len(self.sequence.token_ids)
         for _ in range(self.model_k(k, sampling)):  # feeds the accepted tokens first, then each proposal
             if self.step(self.sequence.feed(1)[-1], sampling) < self.confidence_threshold:
                 break
         return self.take_proposal(start)
+
+    def choose(self, step: DraftStep, row: int, sampling: SamplingParams) -> float:
+        """Draft one token from row `row` of a draft step over many sessions, as step() does; a greedy
+        choice the step already made on the device is taken as it is."""
+        greedy = step.greedy[row]
+        if sampling.greedy and greedy is not None:
+            self.sequence.token_ids.append(greedy[0])
+            return greedy[1]
+        return self.step(step.logits(row), sampling)
 
     def step(self, logits: torch.Tensor, sampling: SamplingParams) -> float:
         """Draft one token from logits [padded vocab] at the end of the sequence; returns the probability the
@@ -203,11 +172,6 @@ class DraftSession:
         rows, self._support_rows = self._support_rows, []
         probs = SparseProbs(tuple(ids for ids, _ in rows), tuple(p for _, p in rows)) if rows else None
         return Proposal(self.sequence.token_ids[start:], probs, "model")
-
-    def make_room(self, k: int) -> None:
-        """A sequence in a pool slot that k more tokens would overflow moves to a growing cache."""
-        if isinstance(self.sequence, SlotSequence) and not self.sequence.fits(len(self.sequence.token_ids) + k):
-            self.sequence = self.sequence.to_growing()
 
     def commit(self, num_kept: int, new_token_ids: list[int]) -> None:
         self.sequence.truncate(num_kept)

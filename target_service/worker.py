@@ -8,11 +8,10 @@ import torch
 
 from specserve.core.types import Proposal, SamplingParams, Verdict
 from specserve.core.verify import TARGET_STREAM, greedy_verify, logits_to_probs, make_generator, rejection_sample
-from specserve.models.batching import feed_batch
-from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.loading import LoadedModel
-from specserve.models.sequence import CachedSequence, check_prompt, check_token_ids, new_sequence
-from specserve.models.slot_cache import SlotCacheConfig, SlotSequence, in_a_slot, slot_pool
+from specserve.models.runner import ModelRunner, ModelSequence
+from specserve.models.sequence import check_token_ids
+from specserve.models.slot_cache import SlotCacheConfig
 from specserve.worker.sessions import SessionNotFoundError, SessionStore
 
 
@@ -36,15 +35,11 @@ class TargetWorker:
         """slot_cache: sessions' KV caches in a preallocated pool (models/slot_cache.py), fed one session per
         pass by the same lean pass as a growing cache, so outputs are unchanged; off unless given."""
         self.loaded = loaded
+        self.runner = ModelRunner(loaded, slot_cache)
         self.sessions: SessionStore[TargetSession] = SessionStore(max_sessions, idle_ttl_s)
-        self.pool = slot_pool(loaded, slot_cache) if slot_cache is not None else None
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> TargetSession:
-        check_prompt(prompt_token_ids, self.loaded)
-        session = TargetSession(self.loaded, prompt_token_ids, seed)
-        if (in_slot := in_a_slot(self.pool, self.loaded, prompt_token_ids)) is not None:  # else a growing cache
-            session.sequence = in_slot
-        return session
+        return TargetSession(self.runner, prompt_token_ids, seed)
 
     def prefill(self, session_id: str, prompt_token_ids: list[int], seed: int | None = None) -> None:
         session = self.open_session(prompt_token_ids, seed)
@@ -69,10 +64,9 @@ class TargetWorker:
             except (ValueError, SessionNotFoundError) as error:
                 results[i] = error
         if ready:
-            for _, session, call in ready:
-                session.make_room(len(call.proposal.token_ids) + 1)
             num_contexts = [session.begin(call.proposal) for _, session, call in ready]
-            logits = feed_batch([s.sequence for _, s, _ in ready], [len(c.proposal.token_ids) + 1 for _, _, c in ready])
+            num_logits = [len(call.proposal.token_ids) + 1 for _, _, call in ready]
+            logits = self.runner.feed([session.sequence for _, session, _ in ready], num_logits)
             for (i, session, call), target_logits, num_context in zip(ready, logits, num_contexts):
                 results[i] = session.finish(call.proposal, call.sampling, target_logits, num_context)
         return results
@@ -90,38 +84,32 @@ class TargetWorker:
 
     def release(self, session_id: str) -> bool:
         session = self.sessions.pop(session_id)
-        if session is not None and isinstance(session.sequence, (LlamaCppSequence, SlotSequence)):
-            session.sequence.release()  # its KV entries, now rather than when collected
+        if session is not None:
+            self.runner.release(session.sequence)
         return session is not None
 
 
 class TargetSession:
     """Implements core.Verifier for one request. The last context token is always pending."""
 
-    def __init__(self, loaded: LoadedModel, prompt_token_ids: list[int], seed: int | None) -> None:
-        if not prompt_token_ids:
-            raise ValueError("the prompt must contain at least one token")
-        self.sequence: CachedSequence | LlamaCppSequence | SlotSequence = new_sequence(loaded, prompt_token_ids)
+    def __init__(self, runner: ModelRunner, prompt_token_ids: list[int], seed: int | None) -> None:
+        self.runner = runner
+        self.sequence: ModelSequence = runner.new_sequence(prompt_token_ids)
         self.generator = make_generator(seed, TARGET_STREAM)
-        self.vocab_size = loaded.vocab_size
+        self.vocab_size = runner.loaded.vocab_size
 
     def prefill(self, max_tokens: int | None = None, num_left: int = 1) -> bool:
         return self.sequence.prefill(max_tokens, num_left)
 
     def verify(self, proposal: Proposal, sampling: SamplingParams) -> Verdict:
-        self.make_room(len(proposal.token_ids) + 1)
         num_context = self.begin(proposal)
         target_logits = self.sequence.feed(len(proposal.token_ids) + 1)
         return self.finish(proposal, sampling, target_logits, num_context)
 
-    def make_room(self, num_tokens: int) -> None:
-        """A sequence in a pool slot that `num_tokens` more would overflow moves to a growing cache."""
-        sequence = self.sequence
-        if isinstance(sequence, SlotSequence) and not sequence.fits(len(sequence.token_ids) + num_tokens):
-            self.sequence = sequence.to_growing()
-
     def begin(self, proposal: Proposal) -> int:
-        """Queue the proposals behind the pending last context token; returns the context length."""
+        """Queue the proposals behind the pending last context token, with room for them (a slot they would
+        overflow moves to a growing cache); returns the context length."""
+        self.sequence = self.runner.make_room(self.sequence, len(proposal.token_ids) + 1)
         num_context = len(self.sequence.token_ids)
         self.sequence.token_ids.extend(proposal.token_ids)
         return num_context

@@ -22,7 +22,7 @@ import torch
 from specserve.models.config import ENGINES, ModelConfig
 from specserve.models.loading import LoadedModel, load_model
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specserve.models.sequence import new_sequence
+from specserve.models.runner import ModelRunner
 
 CONTEXT_TOKENS = 200  # the cache the passes attend to: a HumanEval prompt's length
 WINDOWS = range(1, 10)
@@ -42,7 +42,8 @@ def pass_ms(loaded: LoadedModel, length: int, repeats: int) -> float:
     """Median wall time of a pass over `length` new tokens after CONTEXT_TOKENS cached ones."""
     vocab = min(loaded.vocab_size, 5000)
     context = [(i * 7919) % vocab for i in range(CONTEXT_TOKENS)]
-    sequence = new_sequence(loaded, context)
+    runner = ModelRunner(loaded)
+    sequence = runner.new_sequence(context)
     sequence.prefill()
     times = []
     for repeat in range(repeats + 1):  # the first pass warms up
@@ -51,9 +52,7 @@ def pass_ms(loaded: LoadedModel, length: int, repeats: int) -> float:
         started = time.perf_counter()
         sequence.feed(length)
         times.append((time.perf_counter() - started) * 1000)
-    release = getattr(sequence, "release", None)
-    if release is not None:
-        release()
+    runner.release(sequence)
     return statistics.median(times[1:])
 
 

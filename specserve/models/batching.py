@@ -1,8 +1,7 @@
-"""One forward pass over the pending tokens of many sequences, each with its own KV cache and length.
+"""One forward pass over the pending tokens of many growing caches, each with its own length.
 
 The caches are left-padded into one batch (padding masked out), the new tokens right-padded; after the
-pass each sequence takes back only its own new cache entries. A single sequence takes the unbatched
-path, so batch-1 results stay bit-identical to CachedSequence.feed.
+pass each sequence takes back only its own new cache entries. ModelRunner.feed chooses this pass.
 """
 
 from __future__ import annotations
@@ -10,19 +9,22 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specserve.models.llama_cpp import LlamaCppSequence
 from specserve.models.pass_clock import model_pass
 from specserve.models.sequence import CachedSequence
 
 
-@torch.inference_mode()
-def feed_batch(sequences: list[CachedSequence] | list[LlamaCppSequence], num_logits: list[int]) -> list[torch.Tensor]:
-    """Feed every sequence's pending tokens in one pass; logits [num_logits[i], vocab] per sequence."""
-    assert len(sequences) == len(num_logits) and sequences
-    if isinstance(sequences[0], LlamaCppSequence):
-        return sequences[0].model.feed_batch(sequences, num_logits)  # type: ignore[arg-type]
-    if len(sequences) == 1 or any(not _is_initialized(s) for s in sequences):
-        return [s.feed(n) for s, n in zip(sequences, num_logits)]
+def paddable(sequence: object) -> bool:
+    """A growing cache with entries in every layer (a pool slot's sequence has none: it is fed alone)."""
+    return (
+        isinstance(sequence, CachedSequence)
+        and sequence.num_cached > 0
+        and all(layer.is_initialized for layer in sequence.cache.layers)
+    )
+
+
+def feed_padded(sequences: list[CachedSequence], num_logits: list[int]) -> list[torch.Tensor]:
+    """Feed every sequence's pending tokens in one pass (under inference mode); logits [num_logits[i], vocab]
+    per sequence."""
     with model_pass():  # the caches' padding and copying back included: this layout's cost of a batch
         return _feed_padded(sequences, num_logits)
 
@@ -59,12 +61,6 @@ def _feed_padded(sequences: list[CachedSequence], num_logits: list[int]) -> list
         sequence.num_cached = len(sequence.token_ids)
         logits.append(out.logits[i, len(tokens) - n : len(tokens)])  # [n, vocab]
     return logits
-
-
-def _is_initialized(sequence: CachedSequence) -> bool:
-    """A growing cache with entries in every layer (a pool slot's sequence has none: it is fed alone)."""
-    cache = getattr(sequence, "cache", None)
-    return cache is not None and sequence.num_cached > 0 and all(layer.is_initialized for layer in cache.layers)
 
 
 def _left_padded_cache(sequences: list[CachedSequence], length: int) -> DynamicCache:

@@ -6,7 +6,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specserve.models.lean import LeanDecoder
-from specserve.models.llama_cpp import LlamaCppModel, LlamaCppSequence
 from specserve.models.loading import LoadedModel
 from specserve.models.pass_clock import model_pass
 from specserve.models.pending import PendingTokens
@@ -25,13 +24,6 @@ def check_prompt(token_ids: list[int], loaded: LoadedModel) -> None:
     if not 1 <= len(token_ids) <= loaded.max_context:
         raise ValueError(f"prompt_token_ids: a prompt has 1 to {loaded.max_context} tokens, got {len(token_ids)}")
     check_token_ids(token_ids, loaded, "prompt_token_ids")
-
-
-def new_sequence(loaded: LoadedModel, token_ids: list[int]) -> CachedSequence | LlamaCppSequence:
-    """A sequence over the loaded model's engine, with no tokens cached yet."""
-    if isinstance(loaded.model, LlamaCppModel):
-        return LlamaCppSequence(loaded.model, token_ids)
-    return CachedSequence(loaded.model, token_ids, loaded.decoder)
 
 
 class CachedSequence(PendingTokens):

@@ -14,7 +14,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specserve.models.lean import LeanDecoder
-from specserve.models.loading import LoadedModel
 from specserve.models.pass_clock import model_pass
 from specserve.models.pending import PendingTokens
 from specserve.models.sequence import CachedSequence
@@ -134,23 +133,3 @@ class SlotSequence(PendingTokens):
             sequence.num_cached = self.num_cached
         self.release()
         return sequence
-
-
-def slot_pool(loaded: LoadedModel, config: SlotCacheConfig) -> SlotPool | None:
-    """A pool for the model's sessions where `config` is active on its device and the lean pass can fill it."""
-    if not config.active_on(loaded.device) or loaded.decoder is None:
-        return None
-    assert isinstance(loaded.model, PreTrainedModel)
-    return SlotPool(loaded.model, config)
-
-
-def in_a_slot(pool: SlotPool | None, loaded: LoadedModel, token_ids: list[int]) -> SlotSequence | None:
-    """The sequence in a free slot of `pool`; None without a pool, with it full, or for a prompt too long."""
-    decoder = loaded.decoder
-    if pool is None or decoder is None or len(token_ids) >= pool.tokens_per_slot:
-        return None
-    slot = pool.acquire()
-    if slot is None:
-        return None
-    assert isinstance(loaded.model, PreTrainedModel)
-    return SlotSequence(loaded.model, token_ids, decoder, pool, slot)

@@ -12,8 +12,8 @@ import torch
 from draft_service.worker import DraftWorker
 from specserve.bench.synthetic import lockstep
 from specserve.core.types import SamplingParams
-from specserve.models.batching import feed_batch
 from specserve.models.loading import LoadedModel
+from specserve.models.runner import ModelRunner
 from specserve.models.sequence import CachedSequence
 from specserve.worker.batching import BatchQueue
 from specserve.worker.executor import ModelExecutor
@@ -39,7 +39,7 @@ def test_a_batched_pass_matches_one_pass_per_sequence(tiny_target: LoadedModel) 
             a.token_ids.extend(new)
             b.token_ids.extend(new)
         expected = [s.feed(len(new)) for s, new in zip(alone, round_new)]
-        batched = feed_batch(together, [len(new) for new in round_new])
+        batched = ModelRunner(tiny_target).feed(together, [len(new) for new in round_new])
         for e, got in zip(expected, batched):
             assert e.shape == got.shape
             torch.testing.assert_close(got, e, atol=1e-4, rtol=1e-4)

@@ -78,23 +78,39 @@ def test_a_draft_in_slots_proposes_what_growing_caches_propose(tiny_draft: Loade
 
 def test_sessions_that_do_not_fit_the_pool_keep_growing_caches(tiny_draft: LoadedModel) -> None:
     worker = DraftWorker(tiny_draft, slot_cache=SlotCacheConfig(enabled=True, slots=2, tokens_per_slot=40))
-    assert worker.pool is not None
+    pool = worker.runner.pool
+    assert pool is not None
     for i, prompt in enumerate(PROMPTS[:3]):  # the third finds the pool full
         worker.prefill(f"s{i}", prompt)
     kinds = [type(worker.sessions.get(f"s{i}").sequence) for i in range(3)]
-    assert kinds == [SlotSequence, SlotSequence, CachedSequence] and worker.pool.num_free == 0
+    assert kinds == [SlotSequence, SlotSequence, CachedSequence] and pool.num_free == 0
     worker.release("s0")
-    assert worker.pool.num_free == 1
+    assert pool.num_free == 1
     worker.sessions.pop("s1")  # evicted, not released: the slot comes back when the session is collected
     gc.collect()
-    assert worker.pool.num_free == 2
+    assert pool.num_free == 2
     worker.prefill("long", PROMPTS[2])  # 30 tokens: fits a slot of 40 until the drafts overflow it
     reference = DraftWorker(tiny_draft)
     reference.prefill("long", PROMPTS[2])
     for n in (30, 36, 42):
         call = ProposeCall("long", n, [7], 5, SamplingParams())
         assert worker.propose_batch([call]) == reference.propose_batch([call])
-    assert isinstance(worker.sessions.get("long").sequence, CachedSequence) and worker.pool.num_free == 2
+    assert isinstance(worker.sessions.get("long").sequence, CachedSequence) and pool.num_free == 2
+
+
+def test_an_unmanaged_session_that_outgrows_its_slot_moves_to_a_growing_cache(tiny_draft: LoadedModel) -> None:
+    sessions = [
+        worker.open_session(PROMPTS[2])  # 30 tokens: the third round's drafts overflow a slot of 40
+        for worker in (DraftWorker(tiny_draft, slot_cache=SlotCacheConfig(enabled=True, slots=1, tokens_per_slot=40)),
+                       DraftWorker(tiny_draft))
+    ]  # fmt: skip
+    drafted: list[list[list[int]]] = [[], []]
+    for session, out in zip(sessions, drafted):
+        session.prefill()
+        for _ in range(3):
+            out.append(session.propose(5, SamplingParams()).token_ids)
+            session.commit(len(session.sequence.token_ids), [7])
+    assert drafted[0] == drafted[1] and isinstance(sessions[0].sequence, CachedSequence)
 
 
 @pytest.mark.parametrize("k", [1, 4])
