@@ -2,7 +2,7 @@
 # GPU checks on one H200 (no registry, no real weights): random-weight models of real shapes, a draft
 # with controlled acceptance, throughput against alpha, k and concurrency, where decoding waits for the
 # device, and whether outputs that part from target-only part at near-ties. Prints markdown tables; writes
-# JSON and logs to $OUT (or /tmp/gpu-check). Each stage has its own time limit (7.7 minutes in all), and a
+# JSON and logs to $OUT (or /tmp/gpu-check). Each stage has its own time limit (7.8 minutes in all), and a
 # stage cut short keeps the rows it printed. Needs torch with CUDA and this repository's dependencies but
 # ray and gguf (run from the repository root, or pip install -e . --no-deps).
 set -uo pipefail
@@ -30,10 +30,11 @@ stage smoke 60 --target tiny --draft tiny-draft --draft-caches slots growing --c
 grep -q "^| 4 | 0.90 | 4 | growing" "$RESULTS/smoke.log" || { echo "smoke stage failed: stopping"; exit 1; }
 # draft caches: "slots" (a slot pool, steps replayed as CUDA graphs) at every k; "growing" (a cache per
 # session, eager steps: the first GPU run's draft) at k = 4 beside it
-stage qwen-1.5b-0.5b-bf16 230 --target qwen2.5-1.5b --draft qwen2.5-0.5b --sync-report \
-  --check-draft-steps 8 --step-times 1 8 32 --draft-caches slots growing \
+# target pass times by window (1: a target-only step; 5: a k = 4 verification) at batch 1, 8 and 32
+stage qwen-1.5b-0.5b-bf16 210 --target qwen2.5-1.5b --draft qwen2.5-0.5b --sync-report \
+  --check-draft-steps 8 --step-times 1 8 32 --verify-times 1 8 32 --draft-caches slots growing \
   --alphas 0.8 0.95 --ks 2 4 8 --concurrency 1 8 32 --prompt-len 128 --max-tokens 64
-stage qwen-7b-0.5b-bf16 120 --target qwen2.5-7b --draft qwen2.5-0.5b --draft-caches slots growing \
-  --alphas 0.8 0.95 --ks 4 8 --concurrency 1 16 --prompt-len 128 --max-tokens 64
+stage qwen-7b-0.5b-bf16 150 --target qwen2.5-7b --draft qwen2.5-0.5b --sync-report --verify-times 1 8 32 \
+  --alphas 0.8 0.95 --ks 2 4 8 --concurrency 1 32 --prompt-len 128 --max-tokens 64
 stage qwen-1.5b-0.5b-fp32 50 --target qwen2.5-1.5b --draft qwen2.5-0.5b --dtype float32 \
   --alphas 0.8 --ks 4 --concurrency 1 8 --prompt-len 128 --max-tokens 64

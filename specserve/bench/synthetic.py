@@ -283,6 +283,27 @@ def draft_step_ms(draft: DraftWorker, batch: int, prompt_len: int, steps: int = 
     return 1000 * best / steps
 
 
+def verify_ms(target: TargetWorker, batch: int, window: int, prompt_len: int, repeats: int = 3) -> float:
+    """Milliseconds per batched target pass over `window` tokens of each of `batch` sessions (window 1: a
+    target-only step; k + 1: a verification), the greedy verdicts included; the best of `repeats` passes
+    after one unmeasured. Each pass's drafts are rejected at once, so every pass starts from the same length."""
+    vocab, greedy = target.loaded.vocab_size, SamplingParams()
+    for i in range(batch):
+        target.prefill(f"w{i}", [(7 * i + 3 * j) % vocab for j in range(prompt_len)])
+    best = float("inf")
+    for repeat in range(repeats + 1):
+        calls = [VerifyCall(f"w{i}", Proposal([(repeat + j) % vocab for j in range(window - 1)]), greedy)
+                 for i in range(batch)]  # fmt: skip
+        started = time.perf_counter()
+        target.verify_batch(calls)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started) if repeat else best
+    for i in range(batch):
+        target.release(f"w{i}")
+    return 1000 * best
+
+
 def check_draft_steps(loaded: LoadedModel, batch: int, prompt_len: int, steps: int = 8) -> dict[str, float]:
     """The draft's steps over a slot pool, graphed, against the same steps run eagerly and against growing
     caches, over `steps` greedy steps of `batch` sessions: the largest logit difference of each, the logits'
@@ -354,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-k", type=int, default=4)
     parser.add_argument("--step-times", type=int, nargs="*", default=[],
                         help="also time one draft step per cache layout at these batch sizes")  # fmt: skip
+    parser.add_argument("--verify-times", type=int, nargs="*", default=[],
+                        help="also time target passes of windows 1, 3, 5 and 9 at these batch sizes")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the rows here too")
     parser.add_argument("--check-draft-steps", type=int, metavar="BATCH", default=0,
                         help="compare graphed draft steps with eager ones and growing caches")  # fmt: skip
@@ -370,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     for batch in args.step_times:
         times = ", ".join(f"{c} {draft_step_ms(d, batch, args.prompt_len):.2f}" for c, d in drafts.items())
         print(f"draft step ms at batch {batch}: {times}", flush=True)
+    for batch in args.verify_times:
+        times = ", ".join(f"{w} {verify_ms(target, batch, w, args.prompt_len):.2f}" for w in (1, 3, 5, 9))
+        print(f"target pass ms at batch {batch} by window: {times}", flush=True)
     if args.check_draft_steps:
         check = check_draft_steps(drafts[first].loaded, args.check_draft_steps, args.prompt_len)
         print("draft step check: " + ", ".join(f"{name} {value:.4g}" for name, value in check.items()), flush=True)

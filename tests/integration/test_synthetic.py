@@ -19,6 +19,7 @@ from specserve.bench.synthetic import (
     measure,
     near_tie_partings,
     target_only_continuations,
+    verify_ms,
 )
 from specserve.models.step_graphs import StepGraphs
 from target_service.worker import TargetWorker
@@ -65,14 +66,16 @@ def test_measure_and_the_command(workers: tuple, capsys: pytest.CaptureFixture[s
     ]  # fmt: skip
     assert all(r["identical_to_target_only"] == r["concurrency"] for r in rows if r["k"])
     assert 0 < draft_step_ms(drafts["slots"], 3, prompt_len=8) and len(drafts["slots"].sessions) == 0
+    assert 0 < verify_ms(target, 3, window=5, prompt_len=8) and len(target.sessions) == 0
     args = ["--target", "tiny", "--draft", "tiny-draft", "--device", "cpu", "--dtype", "float32", "--alphas", "0.8",
             "--ks", "2", "--concurrency", "2", "--prompt-len", "8", "--max-tokens", "8",
             "--draft-caches", "slots", "growing", "--compare-k", "3", "--step-times", "2",
-            "--check-draft-steps", "3"]  # fmt: skip
+            "--verify-times", "2", "--check-draft-steps", "3"]  # fmt: skip
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "| 2 | 0.80 | 2 | slots |" in out and "| 2 | 0.80 | 3 | growing |" in out
     assert "draft step ms at batch 2: slots " in out
+    assert "target pass ms at batch 2 by window: 1 " in out
     assert "draft step check: graphed_vs_eager 0, " in out  # no CUDA here: the same eager pass twice
 
 
