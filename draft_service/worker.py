@@ -124,10 +124,19 @@ class DraftWorker:
         if not drafting:
             return []
         logits = feed_batch([s.sequence for s, _, _ in drafting], [1] * len(drafting))  # type: ignore[misc]
-        return [  # row[-1]: [vocab]
-            session.step(row[-1], call.sampling) >= call.confidence_threshold
-            for (session, call, _), row in zip(drafting, logits)
-        ]
+        greedy = [row for row, (_, call, _) in enumerate(drafting) if call.sampling.greedy]
+        if len(greedy) == 1:  # a lone row as DraftSession.step chooses it: fewer ops than the batched way
+            greedy = []
+        chosen = dict(zip(greedy, zip(*greedy_choice([logits[row][-1] for row in greedy], self.loaded.vocab_size))))
+        confident = []
+        for row, (session, call, _) in enumerate(drafting):
+            if row in chosen:  # as DraftSession.step would, for all greedy rows at once
+                token_id, confidence = chosen[row]
+                session.sequence.token_ids.append(token_id)
+            else:  # row[-1]: [vocab]
+                confidence = session.step(logits[row][-1], call.sampling)
+            confident.append(confidence >= call.confidence_threshold)
+        return confident
 
     def _checked(self, call: ProposeCall) -> DraftSession:
         session = self.sessions.get(call.session_id)
@@ -151,6 +160,18 @@ class DraftWorker:
         if session is not None and isinstance(session.sequence, (SlotSequence, LlamaCppSequence)):
             session.sequence.release()  # at once: a dropped session frees its slot only when collected
         return session is not None
+
+
+def greedy_choice(rows: list[torch.Tensor], vocab_size: int) -> tuple[list[int], list[float]]:
+    """rows: [padded vocab] logits each. The argmax of each row over the tokenizer's ids and the probability
+    the draft gave it, as DraftSession.step chooses them, in a few tensor ops for all rows instead of a few
+    per row (each op's dispatch, and on a shared CPU its OpenMP team, cost more than the arithmetic)."""
+    if not rows:
+        return [], []
+    logits = torch.stack(rows)[:, :vocab_size].float()  # [rows, vocab]
+    token_ids = logits.argmax(dim=-1)  # [rows]
+    confidences = torch.exp(logits.gather(-1, token_ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1))
+    return token_ids.tolist(), confidences.tolist()
 
 
 class DraftSession:
