@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -18,6 +19,7 @@ from specserve.rpc import unary_errors
 from specserve.worker import convert
 from specserve.worker.batching import BatchQueue
 from specserve.worker.servicer import SessionServicer, WorkerServicer
+from specserve.worker.threads import TeamWidth
 
 
 class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
@@ -26,6 +28,8 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
     queue: BatchQueue[ProposeCall, tuple[Proposal, float]]  # with the batch's pass seconds
     cpu_threads: tuple[int, int] | None = None
     """On the CPU: (the draft's own share of the cores, every core it may use)."""
+    team_width: TeamWidth
+    """On the CPU: whether every core is faster now, for a batch that may take them."""
 
     def attach(self, worker: DraftWorker | LookupWorker) -> None:
         if isinstance(worker, LookupWorker):  # no model, no tokenizer: model_info says token-agnostic
@@ -35,6 +39,7 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
             super().attach(worker)
         if isinstance(worker, DraftWorker) and worker.loaded.device.type == "cpu":
             self.cpu_threads = (torch.get_num_threads(), max(torch.get_num_threads(), usable_cpu_count()))
+            self.team_width = TeamWidth(*self.cpu_threads)
         propose_batch = with_pass_seconds(self.propose_batch)
         self.queue = BatchQueue(self.executor, propose_batch, lambda c: c.session_id, self.max_batch_size)
 
@@ -44,14 +49,21 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
         return super().model_info()
 
     def propose_batch(self, calls: list[ProposeCall]) -> list[Proposal | Exception]:
-        """On the model thread. A batch whose targets all wait for it runs on every core: the orchestrator
-        says so only when the draft shares its cores with a target that has nothing else to do."""
-        if self.cpu_threads is not None:
-            own, every = self.cpu_threads
-            threads = every if all(call.target_idle for call in calls) else own
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
-        return self.worker.propose_batch(calls)
+        """On the model thread. A batch whose targets all wait for it may run on every core: the orchestrator
+        says so only when the draft shares its cores with a target that has nothing else to do. It does
+        while that is measured faster (specserve/worker/threads.py: not on a machine whose cores are busy)."""
+        if self.cpu_threads is None:
+            return self.worker.propose_batch(calls)
+        widen = all(call.target_idle for call in calls)
+        threads = self.team_width.choose(len(calls)) if widen else self.cpu_threads[0]
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        started = time.perf_counter()
+        results = self.worker.propose_batch(calls)
+        if widen:
+            num_steps = max((len(r.token_ids) for r in results if isinstance(r, Proposal)), default=0)
+            self.team_width.observe(len(calls), threads, time.perf_counter() - started, num_steps)
+        return results
 
     @unary_errors
     async def Propose(self, request: pb.ProposeRequest, context: grpc.aio.ServicerContext) -> pb.ProposeResponse:

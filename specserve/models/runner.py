@@ -22,7 +22,8 @@ ModelSequence = CachedSequence | SlotSequence | LlamaCppSequence
 @dataclass(frozen=True, slots=True)
 class DraftStep:
     """One draft step's outputs, row i for the i-th sequence stepped. `greedy[i]`: the argmax id and its
-    probability where the step chose them on the device (a slot's row), else None."""
+    probability where the step chose them (a slot's row, on the device; rows of a batched growing pass, all
+    at once), else None."""
 
     greedy: list[tuple[int, float] | None]
     rows: list[tuple[torch.Tensor, int] | None]
@@ -100,6 +101,10 @@ class ModelRunner:
             growing = [i for i, s in enumerate(sequences) if not isinstance(s, SlotSequence)]
             for i, logits in zip(growing, self.feed([sequences[i] for i in growing], [1] * len(growing))):
                 rows[i] = (logits, -1)
+            if len(growing) > 1:  # a lone row is chosen by the session: fewer ops than the batched way
+                choices = greedy_choice([rows[i][0][-1] for i in growing], self.loaded.vocab_size)  # type: ignore[index]
+                for i, choice in zip(growing, choices):
+                    greedy[i] = choice
         return DraftStep(greedy, rows)
 
     def _step_graphs(self) -> StepGraphs:
@@ -107,3 +112,15 @@ class ModelRunner:
             assert self.pool is not None and isinstance(self.loaded.model, PreTrainedModel)
             self._steps = StepGraphs(self.loaded.model, self.pool, self._cuda_graphs, self.loaded.vocab_size)
         return self._steps
+
+
+def greedy_choice(rows: list[torch.Tensor], vocab_size: int) -> list[tuple[int, float]]:
+    """rows: [padded vocab] logits each. Each row's argmax over the tokenizer's ids (the first of tied maxima)
+    and the probability it has, as DraftSession.step chooses them, in a few tensor ops for all rows: per row,
+    each op's dispatch (and on a shared CPU its OpenMP team) costs more than the arithmetic."""
+    if not rows:
+        return []
+    logits = torch.stack(rows)[:, :vocab_size].float()  # [rows, vocab]
+    token_ids = logits.argmax(dim=-1)  # [rows]
+    confidences = torch.exp(logits.gather(-1, token_ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1))
+    return list(zip(token_ids.tolist(), confidences.tolist()))

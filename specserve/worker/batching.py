@@ -20,8 +20,11 @@ class BatchQueue(Generic[C, R]):
 
     Whatever queued during a pass (up to `max_batch_size`, one call per session) forms the next batch.
     A lone call on an idle model runs at once. Only when sessions of the previous pass are not back yet
-    does a pass wait for them, briefly (a fifth of the last pass, at most 50 ms): without that, two
-    sessions whose calls arrive a round trip apart alternate passes forever instead of sharing them.
+    does a pass wait for them, briefly: without that, two sessions whose calls arrive a round trip apart
+    alternate passes forever instead of sharing them. It waits while they keep arriving, until none has
+    for a fifth of the last pass (at most 50 ms), and for one last pass's time at most: many sessions'
+    calls come back one after another (each has its round trip through the orchestrator), and a fixed
+    fifth of a pass split 16 sessions into two passes of about 8 here, each waiting for the other's.
     """
 
     def __init__(
@@ -72,15 +75,18 @@ class BatchQueue(Generic[C, R]):
 
     async def _gather(self) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(MAX_GATHER_S, GATHER_FRACTION * self._last_pass_s)
+        gap = min(MAX_GATHER_S, GATHER_FRACTION * self._last_pass_s)
+        limit = loop.time() + min(MAX_GATHER_S, self._last_pass_s)
+        deadline = loop.time() + gap
         while len(self._waiting) < self.max_batch_size:
             if not self._last_sessions - {self.session_of(call) for call, _ in self._waiting}:
                 return
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
+                await asyncio.wait_for(self._arrived.wait(), min(deadline, limit) - loop.time())
             except TimeoutError:
                 return
+            deadline = loop.time() + gap  # one came: wait for the others as long again
 
     def _take_batch(self) -> list[tuple[C, asyncio.Future[tuple[R, float, list[C]]]]]:
         batch, rest, sessions = [], [], set()

@@ -103,3 +103,21 @@ def test_calls_that_wait_during_a_pass_share_the_next_one() -> None:
     assert sizes[0] == 1 and max(sizes) == 3 and sum(sizes) == 6
     assert [r[0] if isinstance(r, tuple) else type(r) for r in results] == [10, 20, ValueError, 40, 50, 60]
     assert len(results[0][2]) == 1 and {len(r[2]) for r in results[1:] if isinstance(r, tuple)} <= {2, 3}
+
+
+def test_greedy_rows_chosen_together_as_one_by_one(tiny_draft: LoadedModel) -> None:
+    """The batched greedy choice of draft steps: DraftSession.step's token (the first of tied maxima, padding
+    rows never) and its probability."""
+    from draft_service.worker import DraftSession
+    from specserve.models.runner import ModelRunner, greedy_choice
+
+    vocab = tiny_draft.vocab_size
+    rows = [torch.randn(vocab + 5) for _ in range(5)]
+    rows[1][[3, 7]] = 50.0  # a tie: the first wins
+    rows[2][vocab + 1] = 99.0  # a padding row never does
+    choices = greedy_choice(rows, vocab)
+    for row, (token_id, confidence) in zip(rows, choices):
+        session = DraftSession(ModelRunner(tiny_draft), [1, 2], None)
+        assert confidence == pytest.approx(session.step(row, SamplingParams()), rel=1e-5)
+        assert session.sequence.token_ids[-1] == token_id
+    assert choices[1][0] == 3 and choices[2][0] < vocab

@@ -1,6 +1,7 @@
-"""A draft and a target on the same CPU cores: rounds run in turn (no pre-drafts), the draft on every core,
-its windows ending on low confidence; with company the sessions take turns, drafting together and
-verifying together, never both at once. Every worker in these tests shares this machine's cores."""
+"""A draft and a target on the same CPU cores: rounds run in turn (no pre-drafts), the draft on every core
+while that is faster (tried first; specserve/worker/threads.py), its windows ending on low confidence;
+with company the sessions take turns, drafting together and verifying together, never both at once.
+Every worker in these tests shares this machine's cores."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def test_a_lone_session_runs_its_rounds_in_turn_with_the_draft_on_every_core(
     assert all(call.target_idle for call in proposes)
     # rounds in turn end their windows on the draft's low confidence (OrchestratorConfig)
     assert all(call.confidence_threshold == pytest.approx(0.4) for call in proposes)
-    assert set(threads_used) == {usable_cpu_count()}
+    assert threads_used[0] == usable_cpu_count() and set(threads_used) <= {1, usable_cpu_count()}
 
 
 def test_alone_the_draft_prefills_in_the_first_draft_turn_not_beside_the_targets_prefill(
@@ -102,7 +103,7 @@ def test_with_company_the_sessions_take_turns_drafting_and_verifying_together(
     proposes = [(call, answer) for method, call, answer in recorder.calls if method == "Propose"]
     assert len(proposes) == sum(r.stats.proposed_at_position[0] for r in responses)  # no pre-drafts
     assert all(call.target_idle and call.confidence_threshold == pytest.approx(0.4) for call, _ in proposes)
-    assert set(threads_used) == {usable_cpu_count()}
+    assert threads_used[0] == usable_cpu_count() and set(threads_used) <= {1, usable_cpu_count()}
     assert max(answer.batch_size for _, answer in proposes) > 1  # the sessions drafted together
     # never at once; a target's prefill takes a verify turn (and a draft's runs beside it, or alone on the
     # target, in the session's first draft turn)
