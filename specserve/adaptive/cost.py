@@ -126,8 +126,8 @@ class CostModel:
     buckets: dict[int, BucketCosts] = field(default_factory=dict)
     draft_prefill_s: DecayedMean | None = None
     """A draft prefill's seconds per context token (what a draft catching up costs)."""
-    draft_lag: float = 0.0
-    """Context tokens a session's draft lacks at k = 0, averaged over the recent rounds."""
+    draft_lag: float | None = None
+    """Context tokens a session's draft lacks at k = 0, averaged over the recent rounds (None: none seen)."""
 
     def bucket(self, batch_size: int) -> BucketCosts:
         key = batch_bucket(batch_size)
@@ -159,10 +159,12 @@ class CostModel:
             self.draft_prefill_s.observe(seconds / num_tokens, now, weight=num_tokens)
 
     def observe_lag(self, num_tokens: int) -> None:
+        if self.draft_lag is None:  # the first round sets it: rising from 0 it would price catch-ups at nothing
+            self.draft_lag = float(num_tokens)
         self.draft_lag += 0.1 * (num_tokens - self.draft_lag)  # about the last ten rounds at k = 0
 
     def catch_up_s(self, batch_size: int) -> float:
         """Seconds each session stands still when k leaves 0: every draft of the batch prefills what it
         lacks, one after another on a shared draft; 0 until a draft prefill was measured."""
         per_token = self.draft_prefill_s.mean if self.draft_prefill_s is not None else None
-        return (per_token or 0.0) * self.draft_lag * batch_size
+        return (per_token or 0.0) * (self.draft_lag or 0.0) * batch_size

@@ -24,6 +24,8 @@ class Estimate:
     rate: float
     rounds: float
     relative_error: float = math.inf
+    modelled: bool = False
+    """From the calls' costs, not from rounds at this k."""
 
 
 class AdaptivePolicy:
@@ -115,7 +117,7 @@ class AdaptivePolicy:
             error = measured.relative_error(now)
             return Estimate(tokens / max(measured.mean, 1e-9), measured.weight(now), error)
         modelled = costs.modelled_round_s(k)
-        return None if modelled is None else Estimate(tokens / max(modelled, 1e-9), 0.0)
+        return None if modelled is None else Estimate(tokens / max(modelled, 1e-9), 0.0, modelled=True)
 
     def _borrowed_rate(self, batch_size: int, k: int) -> float | None:
         """k's rate from the nearest other batch bucket that measured it, its round scaled by how a k measured
@@ -151,8 +153,13 @@ class AdaptivePolicy:
 
     def _exploit(self, trusted: dict[int, Estimate], batch_size: int) -> int:
         """The fastest trusted k, unless its lead over the last choice is within the noise or does not repay
-        the switch within `hold_s`."""
-        best = max(trusted, key=lambda k: trusted[k].rate)
+        the switch within `hold_s`. Of k's within the noise of the fastest, the smallest counts as fastest:
+        a deeper window costs more than its rounds show (its drafts' prefills and catch-ups, their share of
+        shared cores), so speculation must win by more than the noise."""
+        fastest = max(trusted, key=lambda k: trusted[k].rate)
+        top = trusted[fastest]
+        best = min(k for k, e in trusted.items()
+                   if top.rate - e.rate <= math.hypot(e.relative_error, top.relative_error) * e.rate)  # fmt: skip
         held = self._chosen if self._chosen in trusted else self._k if self._k in trusted else best
         if best == held:
             return best
@@ -184,6 +191,10 @@ class AdaptivePolicy:
         return k
 
     def _optimistic(self, estimate: Estimate, base: float) -> float:
+        """A modelled k gets no bonus: the model is what is known of it, and it already leans to speculation
+        (the calls' costs leave out what drafts take from shared cores and from each new request)."""
+        if estimate.modelled:
+            return estimate.rate
         return estimate.rate * (1.0 + self.config.exploration_bonus / math.sqrt(1.0 + estimate.rounds))
 
     def _switch_s(self, old: int, new: int, batch_size: int) -> float:
