@@ -24,7 +24,7 @@ class BatchQueue(Generic[C, R]):
     alternate passes forever instead of sharing them. It waits while they keep arriving, until none has
     for a fifth of the last pass (at most 50 ms), and for one last pass's time at most: many sessions'
     calls come back one after another (each has its round trip through the orchestrator), and a fixed
-    fifth of a pass split 16 sessions into two passes of about 8 here, each waiting for the other's.
+    wait would split them into two passes, each waiting for the other's.
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """Whether a model thread's wider OpenMP team pays now: a draft whose target waits for it may run on every
-core, which is faster only while those cores are free. On a busy machine a team of two on two cores waits
-for its descheduled member at every parallel region: a 384-wide logsumexp took 2-7 ms instead of 9 us
-here and the tiny draft's step 7-9 ms instead of 0.9 ms (docs/architecture.md, "Model execution: OpenMP")."""
+core, which is faster only while those cores are free. On a busy machine a team as wide as the cores waits
+for its descheduled member at every parallel region, and small operations slow down by orders of magnitude
+(docs/architecture.md, "Model execution: OpenMP")."""
 
 from __future__ import annotations
 
