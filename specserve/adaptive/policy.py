@@ -15,6 +15,8 @@ from specserve.adaptive.cost import CostModel, batch_bucket
 logger = logging.getLogger(__name__)
 
 IDLE_GAP_S = 5.0  # a longer gap between decisions is idle time, not serving time
+MAX_STALLED_SHARE = 0.5  # a round stalled longer than this share of it is not timed: a short remainder made
+# rates of millions of tokens per second when many sessions arrived at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +90,10 @@ class AdaptivePolicy:
         self._last_round_s = seconds
         if now - seconds < self._measured_from:
             return  # other sessions still ran the previous k (their windows set the pass's cost)
+        if stalled_s > MAX_STALLED_SHARE * seconds:
+            return  # mostly another session's prefill: what is left is too little to time the round by
         # counted under the policy's k whatever the window: in a batched pass the deepest window sets the cost
-        self.costs.observe_round(batch_size, min(k, self.max_k), seconds - min(max(stalled_s, 0.0), seconds), now)
+        self.costs.observe_round(batch_size, min(k, self.max_k), seconds - max(stalled_s, 0.0), now)
         if k == self._k:
             self._fresh_rounds += 1.0 / max(1, batch_size)
 
@@ -144,12 +148,20 @@ class AdaptivePolicy:
         estimates = {k: e for k in range(self.max_k + 1) if (e := self.estimate(batch_size, k, now)) is not None}
         trusted = {k: e for k, e in estimates.items() if e.rounds >= self.config.min_rounds}
         if not trusted:
-            return self._k  # nothing trusted at this batch size yet: measure the current k first
+            return 0 if self._met_anew(batch_size) else self._k
         best = self._exploit(trusted, batch_size)
         self._chosen = best
         explored = self._explore(best, estimates, batch_size, now)
         self._charge_exploration(best, trusted, now, explores_on=explored is not None)
         return best if explored is None else explored
+
+    def _met_anew(self, batch_size: int) -> bool:
+        """A batch size first met after serving others, target-only not measured at it yet: then target-only
+        comes first, the baseline every k is compared with and the quickest to measure (a deep k's rounds
+        at 16 sessions on two cores take a load's length to trust). A fresh policy drafts its initial k."""
+        here = batch_bucket(batch_size)
+        served_before = any(costs.round_s for bucket, costs in self.costs.buckets.items() if bucket != here)
+        return served_before and 0 not in self.costs.bucket(batch_size).round_s
 
     def _exploit(self, trusted: dict[int, Estimate], batch_size: int) -> int:
         """The fastest trusted k, unless its lead over the last choice is within the noise or does not repay
