@@ -15,8 +15,8 @@ from specserve.adaptive.cost import CostModel, batch_bucket
 logger = logging.getLogger(__name__)
 
 IDLE_GAP_S = 5.0  # a longer gap between decisions is idle time, not serving time
-MAX_STALLED_SHARE = 0.5  # a round stalled longer than this share of it is not timed: a short remainder made
-# rates of millions of tokens per second when many sessions arrived at once
+MAX_STALLED_SHARE = 0.5  # a round stalled longer than this share of it is not timed: what is left of it is
+# the difference of two near-equal clocks, and a near-zero round is a near-infinite rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +157,8 @@ class AdaptivePolicy:
 
     def _met_anew(self, batch_size: int) -> bool:
         """A batch size first met after serving others, target-only not measured at it yet: then target-only
-        comes first, the baseline every k is compared with and the quickest to measure (a deep k's rounds
-        at 16 sessions on two cores take a load's length to trust). A fresh policy drafts its initial k."""
+        comes first, the baseline every k is compared with and the quickest to measure (a deep k's batch
+        rounds are the longest, and `min_rounds` of them must pass). A fresh policy drafts its initial k."""
         here = batch_bucket(batch_size)
         served_before = any(costs.round_s for bucket, costs in self.costs.buckets.items() if bucket != here)
         return served_before and 0 not in self.costs.bucket(batch_size).round_s
