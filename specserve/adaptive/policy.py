@@ -124,11 +124,13 @@ class AdaptivePolicy:
         return None if modelled is None else Estimate(tokens / max(modelled, 1e-9), 0.0, modelled=True)
 
     def _borrowed_rate(self, batch_size: int, k: int) -> float | None:
-        """k's rate from the nearest other batch bucket that measured it, its round scaled by how a k measured
-        at both compares: only a prior, since a larger batch leaves speculation a smaller share."""
+        """k's rate from the nearest larger batch bucket that measured it, its round scaled by how a k measured
+        at both compares. Never from a smaller batch: the larger the batch, the smaller speculation's share
+        (the passes it shares grow with every window), so a smaller batch's rate overstates k here, and a
+        switch from target-only under load costs every session's catch-up on top."""
         key = batch_bucket(batch_size)
         here = {r: m.mean for r, m in self.costs.bucket(batch_size).round_s.items() if m.mean and r != k}
-        for bucket in sorted((b for b in self.costs.buckets if b != key), key=lambda b: abs(b - key)):
+        for bucket in sorted(b for b in self.costs.buckets if b > key):
             there = {r: m.mean for r, m in self.costs.buckets[bucket].round_s.items() if m.mean}
             reference = next((r for r in here if r in there), None)
             if k in there and reference is not None:
