@@ -3,7 +3,9 @@
 While the target verifies window n, the draft already drafts window n + 1 as if all of window n is
 accepted and the target's bonus token is the draft's own next guess. When that holds (often, at high
 acceptance), the next window is ready the moment the verdict arrives; otherwise the guess is dropped
-(the draft's KV cache is rolled back by the next commit) and the draft proposes afresh. Output is
+(the draft's KV cache is rolled back by the next commit) and the draft proposes afresh. A session whose
+windows are seldom accepted whole stops pre-drafting while that saves less than the call costs
+(orchestrator/predraft.py). Output is
 unchanged either way: every window is still verified by the target with the exact rule. On a draft and
 a target that share CPU cores there is nothing to overlap: rounds run in turn instead, and the sessions
 of a target replica draft together and verify together (orchestrator/turns.py).
@@ -28,6 +30,7 @@ import grpc
 
 from orchestrator.admission import Admission
 from orchestrator.config import OrchestratorConfig
+from orchestrator.predraft import PredraftOdds
 from orchestrator.remote import DraftClient, PassReport, TargetClient
 from orchestrator.replicas import Replica, ReplicaPool
 from orchestrator.turns import Phase
@@ -125,6 +128,7 @@ class RemoteRequest:
         # is sent the rest (rejected drafts dropped; tokens of target-only rounds included)
         self._draft_valid = len(plan.prompt_token_ids)
         self._predraft: asyncio.Task[tuple[Proposal, PassReport] | None] | None = None
+        self._predraft_odds = PredraftOdds()
 
     @property
     def context(self) -> list[int]:
@@ -299,6 +303,7 @@ class RemoteRequest:
             verdict = await self._verify(proposal)
             t2 = time.perf_counter()
             ready = await self._settle_predraft(predraft, proposal, verdict)
+            self._predraft_odds.observe_window(len(proposal.token_ids), verdict.num_accepted)
             # the draft held the context (an empty proposal too, e.g. a lookup that found no match); its
             # accepted drafts match
             if ready is None and (proposal.token_ids or self._draft_length == context_length):
@@ -408,9 +413,10 @@ class RemoteRequest:
         if result is None:
             return Proposal([])
         proposal, report = result
-        stats = self.decoder.result.stats
-        stats.transport_s += time.perf_counter() - started - report.compute_s
+        stats, seconds = self.decoder.result.stats, time.perf_counter() - started
+        stats.transport_s += seconds - report.compute_s
         stats.draft_pass_s += report.pass_s
+        self._predraft_odds.observe_propose(seconds, report.compute_s)
         return proposal
 
     def _start_predraft(self, proposal: Proposal) -> asyncio.Task[tuple[Proposal, PassReport] | None] | None:
@@ -420,7 +426,7 @@ class RemoteRequest:
         acceptance could be many rounds, and the policy's explorations of deeper windows measured nothing."""
         policy = self._adaptive_k()
         k = policy.k if policy is not None else len(proposal.token_ids)
-        if self.draft is None or not proposal.token_ids or k == 0:
+        if self.draft is None or not proposal.token_ids or k == 0 or not self._predraft_odds.pays():
             return None
         self.pipeline.num_predrafts += 1
         client = self.draft.client
