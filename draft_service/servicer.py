@@ -15,11 +15,13 @@ from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import Proposal
 from specserve.models.pass_clock import with_pass_seconds
 from specserve.placement import this_process, usable_cpu_count
-from specserve.rpc import unary_errors
+from specserve.rpc import stream_errors, unary_errors
 from specserve.worker import convert
 from specserve.worker.batching import BatchQueue
 from specserve.worker.servicer import SessionServicer, WorkerServicer
 from specserve.worker.threads import TeamWidth
+
+PROPOSE = "/specserve.v1.DraftService/Propose"  # the method a round call stands for, in the logs
 
 
 class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
@@ -67,6 +69,10 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
 
     @unary_errors
     async def Propose(self, request: pb.ProposeRequest, context: grpc.aio.ServicerContext) -> pb.ProposeResponse:
+        return await self.propose(request)
+
+    async def propose(self, request: pb.ProposeRequest) -> pb.ProposeResponse:
+        """A Propose call, however it came; raises what the status mapping (specserve/rpc.py) answers."""
         sampling = convert.sampling_from_proto(request.sampling)
         if request.k < 1:
             raise ValueError(f"k must be >= 1, got {request.k}")
@@ -87,3 +93,11 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
         """A session's Propose calls as messages (SessionServicer.answer_rounds)."""
         async for response in self.answer_rounds(requests, context, self.Propose):
             yield response
+
+    @stream_errors
+    async def ProposeRounds(
+        self, batches: AsyncIterator[pb.ProposeBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProposeResults]:
+        """Every session's Propose calls on one stream (specserve/worker/rounds.py)."""
+        async for results in self.answer_batches(batches, self.propose, pb.ProposeResults, PROPOSE):
+            yield results

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from orchestrator.round_stream import RoundStreams
+from orchestrator.round_stream import RoundMux
 from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import Proposal, SamplingParams, Verdict
@@ -57,8 +57,8 @@ class _WorkerClient:
     """The calls both services answer; `stub` is the service's own."""
 
     stub: pb_grpc.DraftServiceStub | pb_grpc.TargetServiceStub
-    rounds: RoundStreams
-    """The sessions' round calls (Propose or Verify), a stream per session."""
+    rounds: RoundMux
+    """The sessions' round calls (Propose or Verify), all on one stream."""
 
     def __init__(
         self, address: str, deadlines: Deadlines, tls: TLSConfig | None = None,
@@ -110,7 +110,8 @@ class DraftClient(_WorkerClient):
     ) -> None:  # fmt: skip
         super().__init__(address, deadlines, tls, interceptors, observe)
         self.stub = pb_grpc.DraftServiceStub(self.channel)
-        self.rounds = RoundStreams(address, self.stub.ProposeStream, "/specserve.v1.DraftService/Propose", observe)
+        propose = "/specserve.v1.DraftService/Propose"
+        self.rounds = RoundMux(address, self.stub.ProposeRounds, pb.ProposeBatch, propose, observe)
 
     async def propose(
         self,
@@ -147,7 +148,8 @@ class TargetClient(_WorkerClient):
     ) -> None:  # fmt: skip
         super().__init__(address, deadlines, tls, interceptors, observe)
         self.stub = pb_grpc.TargetServiceStub(self.channel)
-        self.rounds = RoundStreams(address, self.stub.VerifyStream, "/specserve.v1.TargetService/Verify", observe)
+        verify = "/specserve.v1.TargetService/Verify"
+        self.rounds = RoundMux(address, self.stub.VerifyRounds, pb.VerifyBatch, verify, observe)
 
     async def verify(self, session_id: str, proposal: Proposal, sampling: SamplingParams) -> tuple[Verdict, PassReport]:
         request = pb.VerifyRequest(

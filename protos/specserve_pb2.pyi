@@ -341,3 +341,75 @@ class ReleaseRequest(_message.Message):
 class ReleaseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RoundError(_message.Message):
+    __slots__ = ("code", "details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
+class ProposeBatch(_message.Message):
+    __slots__ = ("calls", "cancelled_call_ids")
+    class Call(_message.Message):
+        __slots__ = ("call_id", "request", "request_id")
+        CALL_ID_FIELD_NUMBER: _ClassVar[int]
+        REQUEST_FIELD_NUMBER: _ClassVar[int]
+        REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+        call_id: int
+        request: ProposeRequest
+        request_id: str
+        def __init__(self, call_id: _Optional[int] = ..., request: _Optional[_Union[ProposeRequest, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[ProposeBatch.Call]
+    cancelled_call_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, calls: _Optional[_Iterable[_Union[ProposeBatch.Call, _Mapping]]] = ..., cancelled_call_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ProposeResults(_message.Message):
+    __slots__ = ("results",)
+    class Result(_message.Message):
+        __slots__ = ("call_id", "response", "error")
+        CALL_ID_FIELD_NUMBER: _ClassVar[int]
+        RESPONSE_FIELD_NUMBER: _ClassVar[int]
+        ERROR_FIELD_NUMBER: _ClassVar[int]
+        call_id: int
+        response: ProposeResponse
+        error: RoundError
+        def __init__(self, call_id: _Optional[int] = ..., response: _Optional[_Union[ProposeResponse, _Mapping]] = ..., error: _Optional[_Union[RoundError, _Mapping]] = ...) -> None: ...
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ProposeResults.Result]
+    def __init__(self, results: _Optional[_Iterable[_Union[ProposeResults.Result, _Mapping]]] = ...) -> None: ...
+
+class VerifyBatch(_message.Message):
+    __slots__ = ("calls", "cancelled_call_ids")
+    class Call(_message.Message):
+        __slots__ = ("call_id", "request", "request_id")
+        CALL_ID_FIELD_NUMBER: _ClassVar[int]
+        REQUEST_FIELD_NUMBER: _ClassVar[int]
+        REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+        call_id: int
+        request: VerifyRequest
+        request_id: str
+        def __init__(self, call_id: _Optional[int] = ..., request: _Optional[_Union[VerifyRequest, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[VerifyBatch.Call]
+    cancelled_call_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, calls: _Optional[_Iterable[_Union[VerifyBatch.Call, _Mapping]]] = ..., cancelled_call_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class VerifyResults(_message.Message):
+    __slots__ = ("results",)
+    class Result(_message.Message):
+        __slots__ = ("call_id", "response", "error")
+        CALL_ID_FIELD_NUMBER: _ClassVar[int]
+        RESPONSE_FIELD_NUMBER: _ClassVar[int]
+        ERROR_FIELD_NUMBER: _ClassVar[int]
+        call_id: int
+        response: VerifyResponse
+        error: RoundError
+        def __init__(self, call_id: _Optional[int] = ..., response: _Optional[_Union[VerifyResponse, _Mapping]] = ..., error: _Optional[_Union[RoundError, _Mapping]] = ...) -> None: ...
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[VerifyResults.Result]
+    def __init__(self, results: _Optional[_Iterable[_Union[VerifyResults.Result, _Mapping]]] = ...) -> None: ...

@@ -333,6 +333,11 @@ class DraftServiceStub:
                 request_serializer=protos_dot_specserve__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=protos_dot_specserve__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.ProposeRounds = channel.stream_stream(
+                '/specserve.v1.DraftService/ProposeRounds',
+                request_serializer=protos_dot_specserve__pb2.ProposeBatch.SerializeToString,
+                response_deserializer=protos_dot_specserve__pb2.ProposeResults.FromString,
+                _registered_method=True)
 
 
 class DraftServiceServicer:
@@ -370,6 +375,13 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProposeRounds(self, request_iterator, context):
+        """Every session's Propose calls on one stream (ProposeBatch): what the orchestrator uses.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DraftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -397,6 +409,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.ProposeStream,
                     request_deserializer=protos_dot_specserve__pb2.ProposeRequest.FromString,
                     response_serializer=protos_dot_specserve__pb2.ProposeResponse.SerializeToString,
+            ),
+            'ProposeRounds': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProposeRounds,
+                    request_deserializer=protos_dot_specserve__pb2.ProposeBatch.FromString,
+                    response_serializer=protos_dot_specserve__pb2.ProposeResults.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -544,6 +561,33 @@ class DraftService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def ProposeRounds(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specserve.v1.DraftService/ProposeRounds',
+            protos_dot_specserve__pb2.ProposeBatch.SerializeToString,
+            protos_dot_specserve__pb2.ProposeResults.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class TargetServiceStub:
     """Missing associated documentation comment in .proto file."""
@@ -578,6 +622,11 @@ class TargetServiceStub:
                 '/specserve.v1.TargetService/VerifyStream',
                 request_serializer=protos_dot_specserve__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=protos_dot_specserve__pb2.VerifyResponse.FromString,
+                _registered_method=True)
+        self.VerifyRounds = channel.stream_stream(
+                '/specserve.v1.TargetService/VerifyRounds',
+                request_serializer=protos_dot_specserve__pb2.VerifyBatch.SerializeToString,
+                response_deserializer=protos_dot_specserve__pb2.VerifyResults.FromString,
                 _registered_method=True)
 
 
@@ -615,6 +664,13 @@ class TargetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyRounds(self, request_iterator, context):
+        """Every session's Verify calls on one stream, as DraftService.ProposeRounds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -642,6 +698,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.VerifyStream,
                     request_deserializer=protos_dot_specserve__pb2.VerifyRequest.FromString,
                     response_serializer=protos_dot_specserve__pb2.VerifyResponse.SerializeToString,
+            ),
+            'VerifyRounds': grpc.stream_stream_rpc_method_handler(
+                    servicer.VerifyRounds,
+                    request_deserializer=protos_dot_specserve__pb2.VerifyBatch.FromString,
+                    response_serializer=protos_dot_specserve__pb2.VerifyResults.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -779,6 +840,33 @@ class TargetService:
             '/specserve.v1.TargetService/VerifyStream',
             protos_dot_specserve__pb2.VerifyRequest.SerializeToString,
             protos_dot_specserve__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyRounds(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specserve.v1.TargetService/VerifyRounds',
+            protos_dot_specserve__pb2.VerifyBatch.SerializeToString,
+            protos_dot_specserve__pb2.VerifyResults.FromString,
             options,
             channel_credentials,
             insecure,

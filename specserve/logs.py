@@ -114,18 +114,26 @@ class RequestIdServerInterceptor(grpc.aio.ServerInterceptor):
         return _traced(handler, details.method, given)
 
 
-def _traced(handler: grpc.RpcMethodHandler, method: str, given: str | None) -> grpc.RpcMethodHandler:
-    name = method.rsplit("/", 1)[-1]
-    level = logging.INFO if name in _INFO_METHODS else logging.DEBUG
-    logger = logging.getLogger("specserve.rpc.calls")
+_calls_logger = logging.getLogger("specserve.rpc.calls")
 
+
+def log_call(method: str, code_name: str, started: float) -> None:
+    """The line for a served call (`method`: "/specserve.v1.TargetService/Verify"), under this task's request
+    id: INFO for a public call or a session's start or end, DEBUG for a round, WARNING for any that failed."""
+    level = logging.INFO if method.rsplit("/", 1)[-1] in _INFO_METHODS else logging.DEBUG
+    level_now = level if code_name == "OK" else logging.WARNING
+    if not _calls_logger.isEnabledFor(level_now):  # a round's line, at every round of every session
+        return
+    ms = (time.perf_counter() - started) * 1000
+    extra = {"request_id": _request_id.get(), "rpc_method": method, "rpc_code": code_name, "duration_ms": ms}
+    _calls_logger.log(level_now, "%s %s in %.1f ms", method, code_name, ms, extra=extra)
+
+
+def _traced(handler: grpc.RpcMethodHandler, method: str, given: str | None) -> grpc.RpcMethodHandler:
     def done(context: grpc.aio.ServicerContext, started: float, error: BaseException | None) -> None:
         code = context.code() if error is None or isinstance(error, grpc.aio.AbortError) else None
         code_name = code.name if isinstance(code, grpc.StatusCode) else "OK" if error is None else type(error).__name__
-        ms = (time.perf_counter() - started) * 1000
-        level_now = level if code_name == "OK" else logging.WARNING
-        extra = {"request_id": _request_id.get(), "rpc_method": method, "rpc_code": code_name, "duration_ms": ms}
-        logger.log(level_now, "%s %s in %.1f ms", method, code_name, ms, extra=extra)
+        log_call(method, code_name, started)
 
     def traced_stream(behaviour: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]) -> Any:
         """A response stream (to one request or to a stream of them): one line at its end."""
@@ -161,7 +169,7 @@ def _traced(handler: grpc.RpcMethodHandler, method: str, given: str | None) -> g
                 done(context, started, error)
 
         return handler._replace(unary_unary=unary)
-    if handler.response_streaming and handler.request_streaming:  # a session's round stream
+    if handler.response_streaming and handler.request_streaming:  # round calls: each logs its own line too
         return handler._replace(stream_stream=traced_stream(handler.stream_stream))
     return handler  # specserve has no client-streaming methods with a unary response
 

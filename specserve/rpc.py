@@ -26,6 +26,7 @@ from specserve.worker.sessions import SessionNotFoundError
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 << 20  # a round's payload is O(k); anything near this is an error or an attack
+BATCH_MESSAGE_BYTES = MAX_MESSAGE_BYTES // 2  # a round stream's message: calls or results up to this, or one
 MAX_STATUS_MESSAGE_CHARS = 1000  # error messages may quote the request (a session id, a stop string)
 T = TypeVar("T")
 
@@ -65,7 +66,9 @@ def status_for(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: Exception, method: str) -> None:
+def error_status(error: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    """The status a handler's error answers and its message (cut to MAX_STATUS_MESSAGE_CHARS); the
+    unexpected (INTERNAL) is logged with its traceback, from within the `except` that caught it."""
     code = status_for(error)
     if code == grpc.StatusCode.INTERNAL:
         logger.exception("%s failed", method)  # unexpected: keep the traceback
@@ -75,6 +78,11 @@ async def _abort(context: grpc.aio.ServicerContext, error: Exception, method: st
         message = str(error) or type(error).__name__
     if len(message) > MAX_STATUS_MESSAGE_CHARS:  # it travels as a header: past 8 KiB the caller sees only
         message = message[: MAX_STATUS_MESSAGE_CHARS - 20] + "... (message cut)"  # RESOURCE_EXHAUSTED
+    return code, message
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: Exception, method: str) -> None:
+    code, message = error_status(error, method)
     trailing: tuple[tuple[str, str], ...] = ()
     if isinstance(error, OverloadedError) and error.retry_after_s is not None:
         trailing = (("retry-after-ms", str(max(1, round(1000 * error.retry_after_s)))),)
@@ -88,7 +96,7 @@ class MalformedRequest:
     reason: str
 
 
-def _check_parsed(request: Any) -> None:
+def check_parsed(request: Any) -> None:
     if isinstance(request, MalformedRequest):
         raise ValueError(f"malformed request: {request.reason}")
 
@@ -99,7 +107,7 @@ def unary_errors(handler: Callable[..., Awaitable[T]]) -> Callable[..., Awaitabl
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
         try:
-            _check_parsed(request)
+            check_parsed(request)
             return await handler(self, request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
@@ -114,7 +122,7 @@ def stream_errors(handler: Callable[..., AsyncIterator[T]]) -> Callable[..., Asy
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[T]:
         try:
-            _check_parsed(request)
+            check_parsed(request)
             async for item in handler(self, request, context):
                 yield item
         except (grpc.aio.AbortError, asyncio.CancelledError):

@@ -10,11 +10,13 @@ from protos import specserve_pb2 as pb
 from protos import specserve_pb2_grpc as pb_grpc
 from specserve.core.types import Verdict
 from specserve.models.pass_clock import with_pass_seconds
-from specserve.rpc import unary_errors
+from specserve.rpc import stream_errors, unary_errors
 from specserve.worker import convert
 from specserve.worker.batching import BatchQueue
 from specserve.worker.servicer import SessionServicer
 from target_service.worker import TargetWorker, VerifyCall
+
+VERIFY = "/specserve.v1.TargetService/Verify"  # the method a round call stands for, in the logs
 
 
 class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
@@ -30,6 +32,10 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
 
     @unary_errors
     async def Verify(self, request: pb.VerifyRequest, context: grpc.aio.ServicerContext) -> pb.VerifyResponse:
+        return await self.verify(request)
+
+    async def verify(self, request: pb.VerifyRequest) -> pb.VerifyResponse:
+        """A Verify call, however it came; raises what the status mapping (specserve/rpc.py) answers."""
         sampling = convert.sampling_from_proto(request.sampling)
         draft_probs = request.draft_probs if request.HasField("draft_probs") else None
         proposal = convert.proposal_from_proto(
@@ -47,3 +53,11 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
         """A session's Verify calls as messages (SessionServicer.answer_rounds)."""
         async for response in self.answer_rounds(requests, context, self.Verify):
             yield response
+
+    @stream_errors
+    async def VerifyRounds(
+        self, batches: AsyncIterator[pb.VerifyBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.VerifyResults]:
+        """Every session's Verify calls on one stream (specserve/worker/rounds.py)."""
+        async for results in self.answer_batches(batches, self.verify, pb.VerifyResults, VERIFY):
+            yield results

@@ -22,9 +22,11 @@ class BatchQueue(Generic[C, R]):
     A lone call on an idle model runs at once. Only when sessions of the previous pass are not back yet
     does a pass wait for them, briefly: without that, two sessions whose calls arrive a round trip apart
     alternate passes forever instead of sharing them. It waits while they keep arriving, until none has
-    for a fifth of the last pass (at most 50 ms), and for one last pass's time at most: many sessions'
-    calls come back one after another (each has its round trip through the orchestrator), and a fixed
-    wait would split them into two passes, each waiting for the other's.
+    for a fifth of the last pass (at most 50 ms), and for one last pass's time at most: sessions' calls
+    may come back in several messages (their rounds took different paths through the orchestrator), and a
+    fixed wait would split them into two passes, each waiting for the other's. The calls of one message
+    (specserve/worker/rounds.py) all queue before the pass gathers: when they bring back every session
+    of the last pass, it starts at once.
     """
 
     def __init__(

@@ -13,7 +13,7 @@ from specserve.core.types import Proposal
 from specserve.models.tokenizers import TokenizerSpec
 from specserve.placement import Placement, this_process
 from specserve.rpc import UnavailableError, unary_errors
-from specserve.worker import convert
+from specserve.worker import convert, rounds
 from specserve.worker.executor import ModelExecutor
 
 
@@ -26,7 +26,7 @@ class WorkerServicer:
         self.executor = ModelExecutor(self.executor_name)
         self._worker: Any = None
         self.stopping = False
-        """The server is stopping: as it refuses new calls, a session's round stream refuses its next round."""
+        """The server is stopping: as it refuses new calls, the round streams refuse their next rounds."""
 
     def attach(self, worker: Any) -> None:
         self._worker = worker
@@ -101,6 +101,13 @@ class SessionServicer(WorkerServicer):
             if self.stopping:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
             yield await answer(request, context)
+
+    def answer_batches(
+        self, batches: AsyncIterator[Any], answer: Callable[[Any], Awaitable[Any]], results_type: Any, method: str
+    ) -> AsyncIterator[Any]:
+        """Every session's round calls on one stream (specserve/worker/rounds.py): each answered as `answer`
+        does, refused UNAVAILABLE once the worker is stopping."""
+        return rounds.answer_batches(batches, answer, results_type, method, lambda: self.stopping)
 
     @unary_errors
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:

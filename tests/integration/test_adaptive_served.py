@@ -64,6 +64,8 @@ class Recorder(grpc.aio.ServerInterceptor):
         method = details.method.rsplit("/", 1)[-1]
         if handler is not None and handler.stream_stream is not None and method.removesuffix("Stream") in self.methods:
             return self._per_message(handler, method.removesuffix("Stream"))  # a session's round calls, as messages
+        if handler is not None and handler.stream_stream is not None and method.removesuffix("Rounds") in self.methods:
+            return self._per_call(handler, method.removesuffix("Rounds"))  # every session's round calls
         if handler is None or method not in self.methods:
             return handler
         inner = handler.unary_unary
@@ -96,6 +98,32 @@ class Recorder(grpc.aio.ServerInterceptor):
                 self.calls.append((method, request, response))
                 self.spans.append((method, start, time.monotonic()))
                 yield response
+
+        return grpc.stream_stream_rpc_method_handler(
+            recorded, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+
+    def _per_call(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """Each call of a round stream's messages, kept when its result comes back."""
+        inner = handler.stream_stream
+
+        async def recorded(batches: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            pending: dict[int, tuple[Any, float]] = {}
+
+            async def noted() -> AsyncIterator[Any]:
+                async for batch in batches:
+                    for call in batch.calls:
+                        pending[call.call_id] = (call.request, time.monotonic())
+                    yield batch
+
+            async for results in inner(noted(), context):
+                for result in results.results:
+                    request, start = pending.pop(result.call_id)
+                    if result.HasField("response"):
+                        self.calls.append((method, request, result.response))
+                        self.spans.append((method, start, time.monotonic()))
+                yield results
 
         return grpc.stream_stream_rpc_method_handler(
             recorded, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer

@@ -58,6 +58,8 @@ ALLOWED: dict[str, set[grpc.StatusCode]] = {  # per RPC, for well-formed message
     "Release": {C.OK},
     "ProposeStream": {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND},  # a session's Propose calls, one per message
     "VerifyStream": {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND},
+    "ProposeRounds": {C.OK},  # every session's Propose calls, many a message: a call's error is its result
+    "VerifyRounds": {C.OK},
 }
 SESSIONS = ["fuzz-0", "fuzz-1", "fuzz-2"]  # prefilled before the worker tests, so deeper paths are reached
 COUNTS: dict[str, Counter[str]] = defaultdict(Counter)
@@ -91,11 +93,16 @@ TOKEN_IDS = st.one_of(
     st.tuples(st.integers(0, 300), st.integers(0, 400_000)).map(lambda t: [t[0]] * t[1]),  # up to 1.6 MB
 )
 OVERRIDES: dict[str, st.SearchStrategy[Any]] = {
-    "session_id": st.one_of(st.sampled_from(SESSIONS), TEXT),  # only in top-level, singular fields
+    "session_id": st.one_of(st.sampled_from(SESSIONS), TEXT),
     "prompt_token_ids": TOKEN_IDS,
     "new_token_ids": TOKEN_IDS,
     "draft_token_ids": TOKEN_IDS,
     "token_ids": TOKEN_IDS,
+}
+SHORT_TOKEN_IDS = st.one_of(st.lists(st.integers(0, 259), max_size=12), st.lists(INT32, max_size=6))
+REPEATED_OVERRIDES = {  # in a message that is repeated (a round stream's calls), thousands of times: all short
+    name: st.one_of(st.sampled_from(SESSIONS), SHORT_TEXT) if name == "session_id" else SHORT_TOKEN_IDS
+    for name in OVERRIDES
 }
 
 
@@ -131,6 +138,15 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {  # near-valid requests, so the 
         ),  # sampled verification with draft distributions that line up, of arbitrary values
     ),
 }
+PLAUSIBLE |= {  # round streams' messages: near-valid calls, some ids repeated or cancelled
+    f"{name}Batch": st.builds(
+        getattr(pb, f"{name}Batch"),
+        calls=st.lists(st.builds(getattr(pb, f"{name}Batch").Call, call_id=st.integers(0, 20),
+                                 request=PLAUSIBLE[f"{name}Request"], request_id=SMALL_TEXT), max_size=8),
+        cancelled_call_ids=st.lists(st.integers(0, 20), max_size=3),
+    )  # fmt: skip
+    for name in ("Propose", "Verify")
+}
 
 
 def _sparse(rows: list[list[tuple[int, float]]]) -> pb.SparseProbs:
@@ -148,25 +164,29 @@ def request(descriptor: Descriptor) -> st.SearchStrategy[Any]:
     return message(descriptor)
 
 
-def message(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy[Any]:
-    """Any message of this type: every field may be absent, set to an edge value, huge, or long."""
+def message(descriptor: Descriptor, depth: int = 0, repeated: bool = False) -> st.SearchStrategy[Any]:
+    """Any message of this type: every field may be absent, set to an edge value, huge, or long (only short
+    when the message is `repeated`, an item of a repeated field or within one: there may be thousands)."""
     cls = GetMessageClass(descriptor)
     fields = {
-        f.name: _field(f, depth) for f in descriptor.fields if depth < 3 or f.type != FieldDescriptor.TYPE_MESSAGE
+        f.name: _field(f, depth, repeated)
+        for f in descriptor.fields
+        if depth < 3 or f.type != FieldDescriptor.TYPE_MESSAGE
     }
     return st.fixed_dictionaries({}, optional=fields).map(lambda kwargs: cls(**kwargs))
 
 
-def _field(field: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
+def _field(field: FieldDescriptor, depth: int, repeated: bool = False) -> st.SearchStrategy[Any]:
     if field.name in OVERRIDES and field.type != FieldDescriptor.TYPE_MESSAGE:
-        return OVERRIDES[field.name]
+        return (REPEATED_OVERRIDES if repeated else OVERRIDES)[field.name]
     top_level_single = depth == 0 and not field.is_repeated
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        one = message(field.message_type, depth + 1)
+        one = message(field.message_type, depth + 1, repeated or field.is_repeated)
     else:
         one = {
             FieldDescriptor.TYPE_INT32: INT32,
             FieldDescriptor.TYPE_INT64: INT64,
+            FieldDescriptor.TYPE_UINT64: st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1)),
             FieldDescriptor.TYPE_DOUBLE: DOUBLE,
             FieldDescriptor.TYPE_FLOAT: FLOAT,
             FieldDescriptor.TYPE_BOOL: st.booleans(),
@@ -175,6 +195,8 @@ def _field(field: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
         }[field.type]
     if not field.is_repeated:
         return one
+    if repeated:
+        return st.lists(one, max_size=6)
     long_repeats = st.tuples(one, st.integers(0, 5_000)).map(lambda t: [t[0]] * t[1])
     return st.one_of(st.lists(one, max_size=6), long_repeats)
 

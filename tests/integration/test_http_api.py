@@ -263,7 +263,7 @@ def test_request_ids_reach_the_logs_of_all_three_services(
         mine = [e for e in entries if e.get("request_id") == request_id]
         methods = {e.get("rpc_method") for e in mine}
         assert {"/specserve.v1.TargetService/Prefill", "/specserve.v1.DraftService/Prefill",
-                "/specserve.v1.TargetService/VerifyStream"} <= methods, (request_id, methods)  # the rounds' stream
+                "/specserve.v1.TargetService/Verify"} <= methods, (request_id, methods)  # a line per round call
         assert any(e["logger"] == "orchestrator.metrics" and e["message"].startswith("request ok") for e in mine)
     assert "/specserve.v1.Orchestrator/Generate" in {
         e.get("rpc_method") for e in entries if e.get("request_id") == "grpc-req-1"
