@@ -84,6 +84,10 @@ class WorkerServiceConfig:
     plaintext (loopback and trusted networks only)."""
     prefill_chunk_tokens: int = 256
     """A prompt is prefilled this many tokens per pass, the other sessions' passes running in between."""
+    inline_pass_ms: float = 5.0
+    """A pass expected to take less (its predecessor did) runs on the RPC loop's own thread, without a
+    hand-off to the model thread and back; a longer one on the model thread, the loop answering meanwhile.
+    0: every pass on the model thread."""
     draft_slots: int = 64
     """A draft on CUDA: sessions whose KV caches live in its preallocated pool, stepped by CUDA graphs
     (models/slot_cache.py); the others keep growing caches and eager steps. 0: no pool. Ignored by targets."""
@@ -106,6 +110,8 @@ class WorkerServiceConfig:
             raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.inline_pass_ms < 0.0:
+            raise ValueError(f"inline_pass_ms must be >= 0, got {self.inline_pass_ms}")
         if self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.draft_slots < 0 or self.draft_slot_tokens < 1:

@@ -4,6 +4,7 @@ so the event loop stays free for other RPCs while the model computes."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -16,9 +17,9 @@ T = TypeVar("T")
 
 
 class ModelExecutor:
-    """Runs model calls on one thread: the model is busy with one pass at a time, and the event loop
-    stays free for other RPCs meanwhile. All of a worker's torch compute belongs here, its load included
-    (see specserve.worker.serve).
+    """Runs model calls one at a time on the model thread, the event loop staying free for other RPCs
+    meanwhile; only passes known to be short run on the loop's thread instead (`timed`). All of a worker's
+    torch compute goes through here, its load included (see specserve.worker.serve).
 
     Two classes of call take turns when both wait: passes (the batched Verify or Propose of the sessions
     under way) and background work (prompt chunks of new requests). First come, first served, a burst of
@@ -27,9 +28,13 @@ class ModelExecutor:
     replica was taken for failed (its sessions rebuilt by more prefills). Taking turns, a pass waits for
     at most one prompt chunk, and a prompt chunk for at most one pass."""
 
+    inline_below_s = 0.0
+    """A pass whose predecessor took less than this runs on the event loop's thread (WorkerServiceConfig)."""
+
     def __init__(self, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._busy = False
+        self._last_pass_s = math.inf
         self._waiting: dict[bool, deque[asyncio.Future[None]]] = {False: deque(), True: deque()}
         self._last_background = False
 
@@ -44,20 +49,32 @@ class ModelExecutor:
         return await asyncio.shield(future)
 
     def _pause_if_idle(self) -> None:
-        """On the model thread, queued once the model is free: an idle model frees the cores
+        """On the thread that ran the last call, queued once the model is free: an idle model frees the cores
         (specserve/openmp.py). Queued after the result went back, so no caller waits for the pause; a call
         that took the model meanwhile keeps its team."""
         if not self._busy:
             release_idle_threads()
 
     async def timed(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
-        """(result, seconds the call computed), the queueing before it excluded."""
+        """A pass: (result, seconds it computed), the queueing before it excluded. When the last pass took
+        less than `inline_below_s` this one runs on the calling thread, the event loop's: handing a short
+        pass to the model thread and its result back costs two thread wake-ups, as much as the pass itself
+        for small models or graph replays. A longer pass keeps the loop free for other RPCs meanwhile."""
 
         def call() -> tuple[T, float]:
             started = time.perf_counter()
-            return fn(*args), time.perf_counter() - started
+            result = fn(*args)
+            self._last_pass_s = time.perf_counter() - started
+            return result, self._last_pass_s
 
-        return await self.run(call)
+        if self._last_pass_s >= self.inline_below_s:
+            return await self.run(call)
+        await self._acquire(background=False)
+        self._last_background = False
+        try:
+            return call()
+        finally:
+            self._release(inline=True)
 
     async def _acquire(self, background: bool) -> None:
         if not self._busy:  # then nothing waits: _release hands the model on while anything does
@@ -74,8 +91,9 @@ class ModelExecutor:
                 self._waiting[background].remove(granted)
             raise
 
-    def _release(self) -> None:
-        """The model is free: the next call, the other class first when both wait."""
+    def _release(self, inline: bool = False) -> None:
+        """The model is free: the next call, the other class first when both wait. `inline`: the call ran
+        on the loop's thread, whose OpenMP team is then the one to pause (each thread has its own)."""
         order = (not self._last_background, self._last_background)
         for background in order:
             while self._waiting[background]:
@@ -84,6 +102,9 @@ class ModelExecutor:
                     granted.set_result(None)
                     return
         self._busy = False
+        if inline:
+            asyncio.get_running_loop().call_soon(self._pause_if_idle)
+            return
         try:
             self._pool.submit(self._pause_if_idle)
         except RuntimeError:  # shut down: no pass comes again

@@ -46,6 +46,7 @@ async def serve(
     """Serve `role` until `stop` is set (health NOT_SERVING until the model has loaded). on_listening gets
     the address once bound; on_serving is called once the model is loaded."""
     servicer = role.servicer(config.max_batch_size, config.prefill_chunk_tokens)
+    servicer.executor.inline_below_s = config.inline_pass_ms / 1000
     server = Server([role.service.full_name], interceptors=interceptors, tls=config.tls)
     add_service(server.server, servicer, role.service)
     address = server.bind(config.host, config.port)

@@ -1,4 +1,5 @@
-"""ModelExecutor: one call at a time on the model thread, passes and prompt chunks taking turns."""
+"""ModelExecutor: one call at a time on the model thread, passes and prompt chunks taking turns; short
+passes on the loop's thread."""
 
 from __future__ import annotations
 
@@ -137,3 +138,21 @@ def _threads_after_settling(during: set[str], timeout_s: float = 2.0) -> set[str
     while (now := _threads()) >= during and time.monotonic() < deadline:
         time.sleep(0.01)
     return now
+
+
+@pytest.mark.parametrize(("first_pass_s", "inline"), [(0.0, True), (0.03, False)])
+def test_a_pass_runs_on_the_loops_thread_only_after_a_short_one(first_pass_s: float, inline: bool) -> None:
+    threads: list[threading.Thread] = []
+
+    async def scenario() -> None:
+        executor = ModelExecutor("test")
+        executor.inline_below_s = 0.01
+        await executor.timed(lambda: (time.sleep(first_pass_s), threads.append(threading.current_thread())))
+        await executor.timed(lambda: threads.append(threading.current_thread()))
+        threads.append(threading.current_thread())  # the loop's
+        executor.shutdown()
+
+    asyncio.run(scenario())
+    first, second, loop = threads
+    assert first is not loop  # nothing measured yet: the model thread
+    assert (second is loop) is inline
