@@ -5,7 +5,8 @@ accepted and the target's bonus token is the draft's own next guess. When that h
 acceptance), the next window is ready the moment the verdict arrives; otherwise the guess is dropped
 (the draft's KV cache is rolled back by the next commit) and the draft proposes afresh. A session whose
 windows are seldom accepted whole stops pre-drafting while that saves less than the call costs
-(orchestrator/predraft.py). Output is
+(orchestrator/predraft.py); a sampled one always pre-drafts, since a pre-draft draws from its seeded
+generator and its output must not follow the host's timing. Output is
 unchanged either way: every window is still verified by the target with the exact rule. On a draft and
 a target that share CPU cores there is nothing to overlap: rounds run in turn instead, and the sessions
 of a target replica draft together and verify together (orchestrator/turns.py).
@@ -426,7 +427,11 @@ class RemoteRequest:
         acceptance could be many rounds, and the policy's explorations of deeper windows measured nothing."""
         policy = self._adaptive_k()
         k = policy.k if policy is not None else len(proposal.token_ids)
-        if self.draft is None or not proposal.token_ids or k == 0 or not self._predraft_odds.pays():
+        if self.draft is None or not proposal.token_ids or k == 0:
+            return None
+        # a sampled pre-draft draws from the session's generator, hit or miss: skipped by measured odds, a
+        # seeded request's output would follow the host's timing
+        if self.plan.sampling.greedy and not self._predraft_odds.pays():
             return None
         self.pipeline.num_predrafts += 1
         client = self.draft.client

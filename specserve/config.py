@@ -87,7 +87,7 @@ class WorkerServiceConfig:
     inline_pass_ms: float = 5.0
     """A pass expected to take less (its predecessor did) runs on the RPC loop's own thread, without a
     hand-off to the model thread and back; a longer one on the model thread, the loop answering meanwhile.
-    0: every pass on the model thread."""
+    Only on a GPU or with one CPU thread (a second OpenMP team would slow every pass). 0: never."""
     draft_slots: int = 64
     """A draft on CUDA: sessions whose KV caches live in its preallocated pool, stepped by CUDA graphs
     (models/slot_cache.py); the others keep growing caches and eager steps. 0: no pool. Ignored by targets."""

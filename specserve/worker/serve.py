@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import torch
 from google.protobuf.descriptor import ServiceDescriptor
 
 from specserve.config import WorkerServiceConfig
@@ -46,7 +47,6 @@ async def serve(
     """Serve `role` until `stop` is set (health NOT_SERVING until the model has loaded). on_listening gets
     the address once bound; on_serving is called once the model is loaded."""
     servicer = role.servicer(config.max_batch_size, config.prefill_chunk_tokens)
-    servicer.executor.inline_below_s = config.inline_pass_ms / 1000
     server = Server([role.service.full_name], interceptors=interceptors, tls=config.tls)
     add_service(server.server, servicer, role.service)
     address = server.bind(config.host, config.port)
@@ -61,6 +61,7 @@ async def serve(
         # wake-up per region, ~800 per pass).
         worker = await servicer.executor.run(role.make_worker, config)
         servicer.attach(worker)
+        servicer.executor.inline_below_s = _inline_below_s(config, worker.loaded.device)
         await server.set_serving()
         logger.info("%s worker serving on %s", role.name, address)
         if on_serving is not None:
@@ -70,6 +71,12 @@ async def serve(
         servicer.stopping = True
         await server.stop()
         servicer.executor.shutdown()
+
+
+def _inline_below_s(config: WorkerServiceConfig, device: torch.device) -> float:
+    """Short passes run on the loop's thread only where that makes no second OpenMP team beside the model
+    thread's (see the load above): on a GPU, or with one CPU thread."""
+    return config.inline_pass_ms / 1000 if device.type == "cuda" or torch.get_num_threads() == 1 else 0.0
 
 
 async def _evict_until(stop: asyncio.Event, worker: Any) -> None:
