@@ -61,7 +61,8 @@ async def serve(
         # wake-up per region, ~800 per pass).
         worker = await servicer.executor.run(role.make_worker, config)
         servicer.attach(worker)
-        servicer.executor.inline_below_s = _inline_below_s(config, worker.loaded.device)
+        loaded = getattr(worker, "loaded", None)  # a prompt-lookup draft loads no model
+        servicer.executor.inline_below_s = _inline_below_s(config, loaded.device if loaded else None)
         await server.set_serving()
         logger.info("%s worker serving on %s", role.name, address)
         if on_serving is not None:
@@ -73,10 +74,11 @@ async def serve(
         servicer.executor.shutdown()
 
 
-def _inline_below_s(config: WorkerServiceConfig, device: torch.device) -> float:
+def _inline_below_s(config: WorkerServiceConfig, device: torch.device | None) -> float:
     """Short passes run on the loop's thread only where that makes no second OpenMP team beside the model
-    thread's (see the load above): on a GPU, or with one CPU thread."""
-    return config.inline_pass_ms / 1000 if device.type == "cuda" or torch.get_num_threads() == 1 else 0.0
+    thread's (see the load above): on a GPU, with one CPU thread, or without a model (prompt lookup)."""
+    no_team = device is None or device.type == "cuda" or torch.get_num_threads() == 1
+    return config.inline_pass_ms / 1000 if no_team else 0.0
 
 
 async def _evict_until(stop: asyncio.Event, worker: Any) -> None:
