@@ -95,7 +95,7 @@ class _WorkerClient:
         return response.first_token_id if response.HasField("first_token_id") else None
 
     async def release(self, session_id: str) -> None:
-        await self.rounds.close(session_id)
+        """The session's KV cache is freed; its round calls share the worker's stream, which stays open."""
         await self._call("Release", pb.ReleaseRequest(session_id=session_id), self.deadlines.control_s)
 
     async def close(self, grace_s: float | None = None) -> None:

@@ -70,9 +70,6 @@ class RoundMux:
         finally:
             stream.give_up(call_id)  # unless answered: its late result is dropped
 
-    async def close(self, session_id: str) -> None:
-        """The session has ended (released): nothing of the stream is the session's alone."""
-
     def close_all(self) -> None:
         """The channel closes: the stream ends, and the calls waiting on it fail UNAVAILABLE."""
         if self._stream is not None:
