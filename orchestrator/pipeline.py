@@ -122,6 +122,7 @@ class RemoteRequest:
         self.draft: Replica | None = None
         self._target_ready = self._draft_ready = False  # whether the replica holds this session
         self._num_prefills = 0
+        self._draft_prefilling = False  # the first prefill has the draft's beside it
         self._first_token_id: int | None = None
         self._draft_lost_at = 0.0
         self._draft_length = 0  # context tokens the draft knows (its last proposal included)
@@ -168,6 +169,7 @@ class RemoteRequest:
             # that drafts catches the draft up instead)
             policy = self._adaptive_k()
             with_draft = (policy is None or policy.k > 0) and not self._alone_on_shared_cores()
+            self._draft_prefilling = with_draft and self.draft is not None
             prefills = [self._on_target(_nothing, first_token)]
             if with_draft:
                 prefills.append(self._on_draft(_nothing))
@@ -203,8 +205,12 @@ class RemoteRequest:
             try:
                 if not self._target_ready:
                     sampling = self.plan.sampling if first_token else None
-                    with self.target.prefilling():
+                    with self.target.prefilling() as timing:
                         first = await client.prefill(self.session_id, self.context, self._seed(), sampling)
+                    if first_token and (policy := self._adaptive_k()) is not None:  # what prefills stall rounds by
+                        policy.observe_target_prefill(
+                            timing.seconds, len(self.context), self._draft_prefilling, timing.alone, time.perf_counter()
+                        )
                     self._first_token_id = first
                     self._target_ready = True
                 return await call(client)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 STALL_CLIP = 2.0  # a sample counts at most this many times the mean: rounds held by a stall left out of
 # `stalled_s` (a prefill elsewhere, the host) would otherwise swing a figure of a few rounds by 20%
+STALL_MEMORY = 4.0  # stall figures keep this many cost half-lives: a prefill comes every few seconds at most
+STALL_TOKENS = 64.0  # emitted tokens a bucket's stall figure needs before it is used
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -23,13 +25,16 @@ class DecayedMean:
     the effective number of samples, which falls while nothing is observed (a stale figure is uncertain)."""
 
     half_life_s: float
+    clipped: bool = True
+    """Clip a sample at STALL_CLIP times the mean (off for figures made of rare large samples, as stalls)."""
     total: float = 0.0
     squares: float = 0.0
     weight_then: float = 0.0
     updated_at: float = -math.inf
 
     def observe(self, value: float, now: float, weight: float = 1.0) -> None:
-        if self.weight(now) >= 2.0:  # a stall the caller could not see (see STALL_CLIP) moves the mean less
+        # a stall the caller could not see (see STALL_CLIP) moves the mean less
+        if self.clipped and self.weight(now) >= 2.0:
             value = min(value, STALL_CLIP * self.total / self.weight_then)
         kept = self._kept(now)
         self.total = kept * self.total + weight * value
@@ -128,6 +133,12 @@ class CostModel:
     """A draft prefill's seconds per context token (what a draft catching up costs)."""
     draft_lag: float | None = None
     """Context tokens a session's draft lacks at k = 0, averaged over the recent rounds (None: none seen)."""
+    stall_s: dict[int, DecayedMean] = field(default_factory=dict)
+    """bucket: seconds other sessions' prefills held a session, per token it emitted (pooled over every k)."""
+    target_prefill_s: dict[bool, DecayedMean] = field(default_factory=dict)
+    """with a draft's prefill beside it: a target prefill's seconds per prompt token (prefills run alone)."""
+    beside_draft: DecayedMean | None = None
+    """The share of target prefills with a draft's beside them."""
 
     def bucket(self, batch_size: int) -> BucketCosts:
         key = batch_bucket(batch_size)
@@ -162,6 +173,46 @@ class CostModel:
         if self.draft_lag is None:  # the first round sets it: rising from 0 it would price catch-ups at nothing
             self.draft_lag = float(num_tokens)
         self.draft_lag += 0.1 * (num_tokens - self.draft_lag)  # about the last ten rounds at k = 0
+
+    def observe_stall(self, batch_size: int, stalled_s: float, num_tokens: int, now: float) -> None:
+        """A session's round emitted `num_tokens` and stood `stalled_s` beside other sessions' prefills."""
+        memory = self.half_life_s * STALL_MEMORY
+        stall = self.stall_s.setdefault(batch_bucket(batch_size), DecayedMean(memory, clipped=False))
+        stall.observe(max(0.0, stalled_s) / max(1, num_tokens), now, weight=max(1, num_tokens))
+
+    def observe_target_prefill(
+        self, seconds: float, num_tokens: int, beside_draft: bool, alone: bool, now: float
+    ) -> None:
+        """A new request's target prefill of `num_tokens`; `alone`: no other prefill overlapped it."""
+        memory = self.half_life_s * STALL_MEMORY
+        if self.beside_draft is None:
+            self.beside_draft = DecayedMean(memory, clipped=False)
+        self.beside_draft.observe(float(beside_draft), now)
+        if alone and num_tokens > 0:
+            per_token = self.target_prefill_s.setdefault(beside_draft, DecayedMean(memory, clipped=False))
+            per_token.observe(seconds / num_tokens, now, weight=num_tokens)
+
+    def stall_per_token(self, batch_size: int, speculating: bool, now: float) -> float:
+        """Seconds of other sessions' prefills a session waits per token it emits: the pooled figure of the
+        nearest bucket that has one, scaled to prefills with (k > 0) or without (k = 0) a draft's beside.
+        At k > 0 a new request's draft prefills beside its target on shared cores and slows it; leaving
+        stalls out of the rounds would credit speculation with that."""
+        key = batch_bucket(batch_size)
+        trusted = {b: m.mean for b, m in self.stall_s.items() if m.mean is not None and m.weight(now) >= STALL_TOKENS}
+        nearest = min(trusted, key=lambda b: abs(b - key), default=None)
+        return 0.0 if nearest is None else (trusted[nearest] or 0.0) * self._prefill_weight(speculating)
+
+    def _prefill_weight(self, speculating: bool) -> float:
+        """A target prefill's seconds with (or without) a draft's beside over those of the mix the pooled stall
+        was measured under; 1 until both kinds were timed."""
+        with_draft, alone = (self.target_prefill_s.get(flag) for flag in (True, False))
+        if with_draft is None or alone is None or self.beside_draft is None:
+            return 1.0
+        share, a, b = self.beside_draft.mean, with_draft.mean, alone.mean
+        if share is None or a is None or b is None:
+            return 1.0
+        mixed = share * a + (1.0 - share) * b
+        return (a if speculating else b) / mixed if mixed > 0.0 else 1.0
 
     def catch_up_s(self, batch_size: int) -> float:
         """Seconds each session stands still when k leaves 0: every draft of the batch prefills what it

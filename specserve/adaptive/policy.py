@@ -74,8 +74,8 @@ class AdaptivePolicy:
     ) -> None:
         """A session's round at the policy's `k`: a window of `num_asked` drafts asked for (fewer than k near
         the token budget), `num_drafted` given (fewer when the draft stopped early), `num_accepted` accepted,
-        `seconds` since its previous round ended, `stalled_s` of them beside another session's prefill (paid
-        at every k alike, so left out).
+        `seconds` since its previous round ended, `stalled_s` of them beside another session's prefill (left
+        out of the round and priced per emitted token instead: see CostModel.stall_per_token).
         `draft_s` / `verify_s`: the propose and verify calls; `draft_lag`: context tokens the draft lacks."""
         asked = k if num_asked is None else min(num_asked, k)
         drafted = asked if num_drafted is None else min(num_drafted, asked)
@@ -87,6 +87,7 @@ class AdaptivePolicy:
         # the deepest window (the policy's k) costs, whatever its own window's length
         window = drafted if batch_size == 1 else min(k, self.max_k)
         self.costs.observe_calls(batch_size, window, draft_s, verify_s, now)
+        self.costs.observe_stall(batch_size, stalled_s, num_accepted + 1, now)
         self._last_round_s = seconds
         if now - seconds < self._measured_from:
             return  # other sessions still ran the previous k (their windows set the pass's cost)
@@ -101,6 +102,12 @@ class AdaptivePolicy:
         """A draft prefilled `num_tokens` of a session's context in `seconds` (what catching up costs)."""
         self.costs.observe_draft_prefill(seconds, num_tokens, now)
 
+    def observe_target_prefill(
+        self, seconds: float, num_tokens: int, beside_draft: bool, alone: bool, now: float
+    ) -> None:
+        """A new request's target prefill, with or without its draft's prefill beside it (what stalls cost)."""
+        self.costs.observe_target_prefill(seconds, num_tokens, beside_draft, alone, now)
+
     def choose(self, batch_size: int, now: float) -> int:
         """The k for the next round of a session in a batch of `batch_size` sessions."""
         gap = now - self._seen_at
@@ -113,17 +120,19 @@ class AdaptivePolicy:
 
     def estimate(self, batch_size: int, k: int, now: float) -> Estimate | None:
         """Expected tokens per second per session at k: from k's measured rounds at this batch bucket, else
-        from the cost model (draft steps and the verify of k + 1 tokens); None when neither exists."""
+        from the cost model (draft steps and the verify of k + 1 tokens); None when neither exists. Both
+        with other sessions' prefills' stalls priced in."""
         costs = self.costs.bucket(batch_size)
         tokens = self.acceptance.expected_tokens(k)
+        stall_s = tokens * self.costs.stall_per_token(batch_size, k > 0, now)
         measured = costs.round_s.get(k)
         if measured is not None and measured.mean is not None and measured.weight(now) > 0.0:
             error = measured.relative_error(now)
-            return Estimate(tokens / max(measured.mean, 1e-9), measured.weight(now), error)
+            return Estimate(tokens / max(measured.mean + stall_s, 1e-9), measured.weight(now), error)
         modelled = costs.modelled_round_s(k)
-        return None if modelled is None else Estimate(tokens / max(modelled, 1e-9), 0.0, modelled=True)
+        return None if modelled is None else Estimate(tokens / max(modelled + stall_s, 1e-9), 0.0, modelled=True)
 
-    def _borrowed_rate(self, batch_size: int, k: int) -> float | None:
+    def _borrowed_rate(self, batch_size: int, k: int, now: float) -> float | None:
         """k's rate from the nearest larger batch bucket that measured it, its round scaled by how a k measured
         at both compares. Never from a smaller batch: the larger the batch, the smaller speculation's share
         (the passes it shares grow with every window), so a smaller batch's rate overstates k here, and a
@@ -134,8 +143,9 @@ class AdaptivePolicy:
             there = {r: m.mean for r, m in self.costs.buckets[bucket].round_s.items() if m.mean}
             reference = next((r for r in here if r in there), None)
             if k in there and reference is not None:
+                tokens = self.acceptance.expected_tokens(k)
                 round_s = there[k] * here[reference] / there[reference]
-                return self.acceptance.expected_tokens(k) / max(round_s, 1e-9)
+                return tokens / max(round_s + tokens * self.costs.stall_per_token(batch_size, k > 0, now), 1e-9)
         return None
 
     def _settled(self, now: float) -> bool:
@@ -191,7 +201,8 @@ class AdaptivePolicy:
         base = estimates[best].rate
         # k unknown here: the best's neighbours and target-only taken as fast as the best (the rate is about
         # unimodal in k), any k as fast as another batch bucket measured it where that is faster
-        borrowed = {k: self._borrowed_rate(batch_size, k) or 0.0 for k in range(self.max_k + 1) if k not in estimates}
+        unknown = [k for k in range(self.max_k + 1) if k not in estimates]
+        borrowed = {k: self._borrowed_rate(batch_size, k, now) or 0.0 for k in unknown}
         guessed = {k: Estimate(max(base, rate), 0.0) for k, rate in borrowed.items()}
         guessed = {k: e for k, e in guessed.items() if borrowed[k] > base or k in (best - 1, best + 1, 0)}
         candidates = {k: self._optimistic(e, base) for k, e in (estimates | guessed).items()}

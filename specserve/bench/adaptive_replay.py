@@ -149,6 +149,14 @@ class ReplayConfig:
     early_stop: float = 0.0
     """Share of windows the draft ends early (a low-confidence draft), at a position uniform in 1..k-1. In a
     batch the session's verify call still lasts the batch's pass, which the deepest window sets."""
+    request_tokens: int = 0
+    """Tokens a session's request emits before the next one prefills (0: no prefills). A prefill holds every
+    session of the batch, and the policy is told the stall (as a served replica's prefill clock tells it)."""
+    prefill_s: float = 1.0
+    """A new request's target prefill at k = 0, in seconds."""
+    prefill_beside_draft: float = 1.5
+    """At k > 0 the new request's draft prefills beside its target on the same cores: its seconds times this."""
+    prefill_tokens: int = 150
     paths: int = 100
 
 
@@ -169,6 +177,8 @@ def replay(
     for load in loads or landscape.loads:
         end, counted_from = now + config.seconds_per_load, now + config.warmup_s
         tokens, ks = 0, []
+        since_prefill = [rng.randrange(config.request_tokens) if config.request_tokens else 0 for _ in range(load)]
+        prefills = 0
         while now < end:
             batch_size = load - 1 if load > 1 and rng.random() < config.short_batch else load
             k = policy.choose(batch_size, now) if fixed_k is None else fixed_k
@@ -177,20 +187,26 @@ def replay(
             draft_s, verify_s = _calls(landscape, load, k, spread)
             if rng.random() < config.stall_probability:
                 seconds *= config.stall_factor
+            stalled_s = _prefills(policy, config, prefills, k, now)
+            seconds, prefills = seconds + stalled_s, 0
             if previous_k == 0 and k > 0:
                 seconds += load * config.catch_up_s
             previous_k = k
             now += seconds
-            for _ in range(load):  # every session of the batch finishes this round
+            for session in range(load):  # every session of the batch finishes this round
                 drafted = rng.randint(1, k - 1) if k > 1 and rng.random() < config.early_stop else k
                 num_accepted = _accepted(rng, landscape.acceptance[load][:drafted])
                 if load == 1:  # alone, the verify call is the session's own window
                     verify_s = _calls(landscape, load, drafted, spread)[1]
                 policy.observe(
-                    batch_size, k, num_accepted, seconds, now, num_drafted=drafted,
+                    batch_size, k, num_accepted, seconds, now, num_drafted=drafted, stalled_s=stalled_s,
                     draft_s=draft_s, verify_s=verify_s, draft_lag=config.catch_up_tokens,
                 )  # fmt: skip
                 tokens += (num_accepted + 1) if now > counted_from else 0
+                since_prefill[session] += num_accepted + 1
+                if config.request_tokens and since_prefill[session] >= config.request_tokens:
+                    since_prefill[session] -= config.request_tokens  # its next request prefills next round
+                    prefills += 1
             if now > counted_from:
                 ks.append(k)
         result[load] = (tokens / (config.seconds_per_load - config.warmup_s), statistics.fmean(ks or [0]))
@@ -235,6 +251,14 @@ def _calls(landscape: Landscape, load: int, k: int, spread: float) -> tuple[floa
         return None, None
     steps = landscape.steps[load]
     return k * steps.draft_step_s * spread, steps.verify(k + 1) * spread
+
+
+def _prefills(policy: AdaptivePolicy, config: ReplayConfig, count: int, k: int, now: float) -> float:
+    """Seconds `count` new requests' prefills hold the batch, one after another, each told to the policy."""
+    seconds = config.prefill_s * (config.prefill_beside_draft if k > 0 else 1.0)
+    for _ in range(count):
+        policy.observe_target_prefill(seconds, config.prefill_tokens, k > 0, alone=True, now=now)
+    return count * seconds
 
 
 def _accepted(rng: random.Random, rates: Sequence[float]) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specserve.adaptive import AcceptanceModel, AdaptiveConfig, AdaptivePolicy, batch_bucket, tokens_per_round
-from specserve.adaptive.cost import BucketCosts, DecayedMean
+from specserve.adaptive.cost import BucketCosts, CostModel, DecayedMean
 from specserve.bench.adaptive_replay import Landscape, ReplayConfig, StepCosts, replay
 
 
@@ -79,6 +79,19 @@ def test_a_round_is_modelled_as_draft_steps_plus_a_verify_scaled_to_the_measured
     assert costs.modelled_round_s(2) == pytest.approx(0.02 + 0.05)
     costs.mean(costs.round_s, 4).observe(2 * (0.04 + 0.07), now=0.0)  # rounds take twice the calls' time
     assert costs.modelled_round_s(2) == pytest.approx(2 * (0.02 + 0.05))
+
+
+def test_prefill_stalls_are_priced_per_token_and_dearer_while_speculating() -> None:
+    """Stalls pooled over k, 0.1 s a token; prefills with a draft's beside take 1.5x as long, and half of
+    the prefills had one: speculation pays 1.2x the pooled figure, target-only 0.8x."""
+    costs = CostModel()
+    assert costs.stall_per_token(8, speculating=True, now=0.0) == 0.0  # nothing measured
+    for i in range(100):
+        costs.observe_stall(8, stalled_s=0.2, num_tokens=2, now=0.0)
+        costs.observe_target_prefill(1.5 if i % 2 else 1.0, 100, beside_draft=bool(i % 2), alone=True, now=0.0)
+    assert costs.stall_per_token(8, speculating=True, now=0.0) == pytest.approx(0.12)
+    assert costs.stall_per_token(8, speculating=False, now=0.0) == pytest.approx(0.08)
+    assert costs.stall_per_token(16, speculating=False, now=0.0) == pytest.approx(0.08)  # the nearest bucket's
 
 
 def test_batch_buckets_group_nearby_sizes() -> None:
