@@ -83,8 +83,7 @@ class AdaptivePolicy:
             self.costs.observe_lag(draft_lag)
         elif asked > 0:
             self.acceptance.observe(num_accepted, drafted, stopped_early=drafted < asked)
-        # in a batch the pass verifies every session's window at once, so a session's verify call lasts what
-        # the deepest window (the policy's k) costs, whatever its own window's length
+        # in a batch a session's verify call lasts what the deepest window (the policy's k) costs, not its own
         window = drafted if batch_size == 1 else min(k, self.max_k)
         self.costs.observe_calls(batch_size, window, draft_s, verify_s, now)
         self.costs.observe_stall(batch_size, stalled_s, num_accepted + 1, now)
@@ -119,9 +118,8 @@ class AdaptivePolicy:
         return self._k
 
     def estimate(self, batch_size: int, k: int, now: float) -> Estimate | None:
-        """Expected tokens per second per session at k: from k's measured rounds at this batch bucket, else
-        from the cost model (draft steps and the verify of k + 1 tokens); None when neither exists. Both
-        with other sessions' prefills' stalls priced in."""
+        """Expected tokens per second per session at k, other sessions' prefills' stalls priced in: from k's
+        measured rounds at this batch bucket, else from the cost model (draft steps, the verify of k + 1), else None."""
         costs = self.costs.bucket(batch_size)
         tokens = self.acceptance.expected_tokens(k)
         stall_s = tokens * self.costs.stall_per_token(batch_size, k > 0, now)
