@@ -42,7 +42,7 @@ class DraftWorker:
         """slot_cache: the pool and graphed steps (models/slot_cache.py); None: the default, on CUDA only."""
         self.loaded = loaded
         self.runner = ModelRunner(loaded, slot_cache or SlotCacheConfig())
-        self.sessions: SessionStore[DraftSession] = SessionStore(max_sessions, idle_ttl_s)
+        self.sessions: SessionStore[DraftSession] = SessionStore(self.runner.max_sessions(max_sessions), idle_ttl_s)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> DraftSession:
         return DraftSession(self.runner, prompt_token_ids, seed)

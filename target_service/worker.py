@@ -36,7 +36,7 @@ class TargetWorker:
         pass by the same lean pass as a growing cache, so outputs are unchanged; off unless given."""
         self.loaded = loaded
         self.runner = ModelRunner(loaded, slot_cache)
-        self.sessions: SessionStore[TargetSession] = SessionStore(max_sessions, idle_ttl_s)
+        self.sessions: SessionStore[TargetSession] = SessionStore(self.runner.max_sessions(max_sessions), idle_ttl_s)
 
     def open_session(self, prompt_token_ids: list[int], seed: int | None = None) -> TargetSession:
         return TargetSession(self.runner, prompt_token_ids, seed)

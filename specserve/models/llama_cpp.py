@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 BINDING_PACKAGE = "xllamacpp"
 BINDING_VERSION = "2026.10.11549"  # the struct layouts below are this version's llama.h
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+SESSION_CELLS = 128  # KV cells a session is taken to hold at least: more sessions than the cache holds at that
+# would not fit together, and each possible sequence reserves a row of logits (vocab x 4 bytes) up front
 _LOG_WARN, _LOG_ERROR = 3, 4  # ggml_log_level
 _LOAD_MODE_READ = 0  # LLAMA_LOAD_MODE_NONE
 
@@ -164,9 +166,14 @@ class LlamaCppOptions:
     kv_cache_tokens: int
     """KV cache cells shared by all sessions of the worker (ModelConfig.kv_cache_tokens)."""
     max_sequences: int = MAX_SEQUENCES
-    """Sessions that can hold KV entries at once."""
+    """Sessions that can hold KV entries at once (`sequences_for` sizes it from the cache)."""
     batch_tokens: int = 512
     """Tokens per llama_decode call; longer passes (prompts) are split."""
+
+
+def sequences_for(kv_cache_tokens: int) -> int:
+    """The sessions a cache of `kv_cache_tokens` cells serves at once: 64 for the default 8192."""
+    return max(1, min(MAX_SEQUENCES, kv_cache_tokens // SESSION_CELLS))
 
 
 @dataclass(slots=True)

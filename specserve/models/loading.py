@@ -27,7 +27,7 @@ from specserve.models.config import DTYPE_NAMES, ModelConfig, default_home
 from specserve.models.fetch import ArtifactError, ensure_gguf, sha256_file
 from specserve.models.gguf_export import write_qwen2_gguf
 from specserve.models.lean import LeanDecoder, lean_decoder, unsupported_reason
-from specserve.models.llama_cpp import LlamaCppModel, LlamaCppOptions
+from specserve.models.llama_cpp import LlamaCppModel, LlamaCppOptions, sequences_for
 from specserve.models.packing import pack_linears
 from specserve.models.quantized import quantize_int4, quantize_int8
 from specserve.models.registry import Preset, SplitGGUF, TinySpec, get_preset
@@ -164,7 +164,8 @@ def _load_llama_cpp(
     else:
         raise ValueError(f"the llama.cpp engine runs GGUF files: a GGUF preset or a path to a .gguf file, not "
                          f"{config.name!r}; choose --engine torch for a Hugging Face model")  # fmt: skip
-    options = LlamaCppOptions(threads=torch.get_num_threads(), kv_cache_tokens=config.kv_cache_tokens)
+    cells = config.kv_cache_tokens
+    options = LlamaCppOptions(torch.get_num_threads(), kv_cache_tokens=cells, max_sequences=sequences_for(cells))
     model = LlamaCppModel(path, options)
     extra = preset.extra_eos_tokens if preset else ()
     eos = {int(tokenizer.convert_tokens_to_ids(token)) for token in extra}

@@ -50,6 +50,14 @@ class ModelRunner:
             assert isinstance(loaded.model, PreTrainedModel)
             self.pool = SlotPool(loaded.model, slot_cache)
 
+    def max_sessions(self, wanted: int) -> int:
+        """`wanted`, or fewer where the model holds fewer sequences at once (the llama.cpp engine): one is
+        kept free, since a session prefilled again holds its old sequence until the new one is stored."""
+        model = self.loaded.model
+        if isinstance(model, LlamaCppModel):
+            return max(1, min(wanted, model.options.max_sequences - 1))
+        return wanted
+
     def new_sequence(self, token_ids: list[int]) -> ModelSequence:
         """A sequence with nothing cached yet: in a free slot if the prompt fits one, else a growing cache (the
         llama.cpp engine's cache on that engine). Raises ValueError for a prompt the model cannot take."""

@@ -17,7 +17,13 @@ from orchestrator.client import SpecServeClient
 from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams
 from specserve.models.config import ModelConfig
-from specserve.models.llama_cpp import KVCacheFullError, LlamaCppModel, LlamaCppOptions, LlamaCppSequence
+from specserve.models.llama_cpp import (
+    KVCacheFullError,
+    LlamaCppModel,
+    LlamaCppOptions,
+    LlamaCppSequence,
+    sequences_for,
+)
 from specserve.models.loading import LoadedModel, load_model
 from tests.helpers import always_accept, assert_divergence_is_near_tie, exact_joint, normalize, tv_bound, tv_distance
 from tests.stack import LocalStack
@@ -104,6 +110,19 @@ def test_sequence_ids_come_back_and_a_full_cache_is_a_clear_error(cpp_target: Lo
     third.token_ids.extend([4, 5])
     assert third.feed(1).shape == (1, model.vocab_size)  # a failed pass left nothing behind
     first.release()
+
+
+def test_a_worker_holds_no_more_sessions_than_its_model_has_sequences(cpp_target: LoadedModel) -> None:
+    """Each sequence the context may hold reserves a row of logits, so their number follows the cache (64 for
+    the default 8192 cells, not llama.cpp's 256); past it the worker evicts its least recently used session
+    (whose request prefills again) instead of failing the new one."""
+    assert sequences_for(8192) == 64 and sequences_for(64) == 1 and sequences_for(10**6) == 256
+    model = LlamaCppModel(cpp_target.model.path, LlamaCppOptions(threads=1, kv_cache_tokens=384, max_sequences=3))
+    worker = target_service.worker.TargetWorker(dataclasses.replace(cpp_target, model=model), max_sessions=256)
+    for i in range(5):
+        worker.prefill(f"s{i}", [1, 2, 3 + i])
+    worker.prefill("s4", [1, 2, 7])  # prefilled again: its old sequence is held until the new one is stored
+    assert [f"s{i}" in worker.sessions for i in range(5)] == [False, False, False, True, True]
 
 
 def test_a_full_cache_is_resource_exhausted_on_the_wire() -> None:
