@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4", "auto")
 ENGINES = ("auto", "torch", "llama.cpp")
+LLAMA_CPP_BUILDS = ("auto", "wheel", "native")
 ROLE_QUANTIZATION = {"draft": "auto", "target": "none"}
 """A role's quantization unless its config says: a draft's proposals may be approximate, a target's not."""
 
@@ -57,6 +58,10 @@ class ModelConfig:
     nor `quantization` asks for a torch format, else torch."""
     kv_cache_tokens: int = 8192
     """llama.cpp engine: KV cache cells shared by all sessions of a worker (one cell per token per session)."""
+    llama_cpp_build: str = field(default="auto", metadata=flag(choices=LLAMA_CPP_BUILDS))
+    """llama.cpp engine: `wheel` (the `xllamacpp` wheel's portable build), `native` (the same version built
+    for this CPU by scripts/build_native_llama_cpp.sh, about 5 minutes on two cores), or `auto`: native
+    where it was built for this CPU, else the wheel's."""
 
     @classmethod
     def for_role(cls, role: str, name: str) -> ModelConfig:
@@ -66,6 +71,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.llama_cpp_build not in LLAMA_CPP_BUILDS:
+            raise ValueError(f"llama_cpp_build must be one of {LLAMA_CPP_BUILDS}, got {self.llama_cpp_build!r}")
         if self.kv_cache_tokens < 256:
             raise ValueError(f"kv_cache_tokens must be >= 256, got {self.kv_cache_tokens}")
         if self.quantization not in QUANTIZATIONS:

@@ -1,8 +1,9 @@
 """llama.cpp as a model engine: GGUF weights as published, run by llama.cpp's CPU kernels.
 
-The library is the one the `xllamacpp` wheel ships (prebuilt for Linux, macOS and Windows); this module
-declares the few functions of llama.cpp's public C API (`llama.h`) it calls. Struct layouts follow the
-header of the pinned wheel version, so the loader refuses any other version rather than guess.
+The library is the one the `xllamacpp` wheel ships (prebuilt for Linux, macOS and Windows, for a portable
+instruction set), or the same llama.cpp version built for this CPU by scripts/build_native_llama_cpp.sh;
+this module declares the few functions of llama.cpp's public C API (`llama.h`) it calls. Struct layouts
+follow the header of the pinned wheel version, so the loader refuses any other version rather than guess.
 
 One `LlamaCppModel` holds the weights and one context whose KV cache is shared by all sequences (a
 sequence is a llama.cpp `seq_id`); `LlamaCppSequence` has the interface of `CachedSequence`, so the
@@ -34,6 +35,7 @@ BINDING_VERSION = "2026.10.11549"  # the struct layouts below are this version's
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 SESSION_CELLS = 128  # KV cells a session is taken to hold at least: more sessions than the cache holds at that
 # would not fit together, and each possible sequence reserves a row of logits (vocab x 4 bytes) up front
+NATIVE_DIR = "llama.cpp-native"  # under the specserve home: BINDING_VERSION/libllama.so and the CPU it is for
 _LOG_WARN, _LOG_ERROR = 3, 4  # ggml_log_level
 _LOAD_MODE_READ = 0  # LLAMA_LOAD_MODE_NONE
 
@@ -108,6 +110,32 @@ def _library_path() -> Path:
     return libraries[0]
 
 
+def native_library(home: Path) -> Path | None:
+    """The libllama that scripts/build_native_llama_cpp.sh built from the pinned version's sources for this
+    CPU, if there is one and this CPU has every instruction-set flag of the CPU it was built on (a home
+    shared between machines may hold a build another CPU cannot run)."""
+    directory = home / NATIVE_DIR / BINDING_VERSION
+    library_path, flags_path = directory / "libllama.so", directory / "cpu_flags"
+    if not library_path.is_file() or not flags_path.is_file():
+        return None
+    missing = set(flags_path.read_text().split()) - cpu_flags()
+    if missing:
+        logger.warning("not using %s: built on a CPU with %s, which this one lacks", library_path,
+                       " ".join(sorted(missing)[:5]))  # fmt: skip
+        return None
+    return library_path
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's instruction-set flags (Linux's /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            line = next((x for x in cpuinfo if x.startswith("flags")), "")
+    except OSError:
+        return set()
+    return set(line.partition(":")[2].split())
+
+
 def _declare(lib: C.CDLL) -> None:
     signatures: dict[str, tuple[list, object]] = {
         "llama_backend_init": ([], None),
@@ -143,13 +171,16 @@ _library: C.CDLL | None = None
 _library_lock = threading.Lock()
 
 
-def library() -> C.CDLL:
-    """The llama.cpp library, loaded and initialised once per process. torch is imported first, so the
-    library's libgomp resolves to the OpenMP runtime torch already loaded (one runtime, one thread team)."""
+def library(native: Path | None = None) -> C.CDLL:
+    """The llama.cpp library, loaded and initialised once per process: `native` (see native_library), else
+    the wheel's. torch is imported first, so the library's libgomp resolves to the OpenMP runtime torch
+    already loaded (one runtime, one thread team)."""
     global _library
     with _library_lock:
         if _library is None:
-            lib = C.CDLL(str(_library_path()), mode=C.RTLD_LOCAL)
+            path = native or _library_path()
+            lib = C.CDLL(str(path), mode=C.RTLD_LOCAL)
+            logger.info("llama.cpp library: %s", path)
             _declare(lib)
             lib.llama_log_set(_forward_log, None)
             lib.llama_backend_init()
@@ -169,6 +200,8 @@ class LlamaCppOptions:
     """Sessions that can hold KV entries at once (`sequences_for` sizes it from the cache)."""
     batch_tokens: int = 512
     """Tokens per llama_decode call; longer passes (prompts) are split."""
+    native_library: Path | None = None
+    """The same llama.cpp built for this CPU (native_library); None: the wheel's portable build."""
 
 
 def sequences_for(kv_cache_tokens: int) -> int:
@@ -190,7 +223,7 @@ class LlamaCppModel:
     """GGUF weights and one llama.cpp context. Every call into the library holds `lock`."""
 
     def __init__(self, path: Path, options: LlamaCppOptions) -> None:
-        self.lib = library()
+        self.lib = library(options.native_library)
         self.path, self.options = path, options
         self.lock = threading.Lock()
         params = self.lib.llama_model_default_params()

@@ -27,7 +27,7 @@ from specserve.models.config import DTYPE_NAMES, ModelConfig, default_home
 from specserve.models.fetch import ArtifactError, ensure_gguf, sha256_file
 from specserve.models.gguf_export import write_qwen2_gguf
 from specserve.models.lean import LeanDecoder, lean_decoder, unsupported_reason
-from specserve.models.llama_cpp import LlamaCppModel, LlamaCppOptions, sequences_for
+from specserve.models.llama_cpp import NATIVE_DIR, LlamaCppModel, LlamaCppOptions, native_library, sequences_for
 from specserve.models.packing import pack_linears
 from specserve.models.quantized import quantize_int4, quantize_int8
 from specserve.models.registry import Preset, SplitGGUF, TinySpec, get_preset
@@ -165,7 +165,8 @@ def _load_llama_cpp(
         raise ValueError(f"the llama.cpp engine runs GGUF files: a GGUF preset or a path to a .gguf file, not "
                          f"{config.name!r}; choose --engine torch for a Hugging Face model")  # fmt: skip
     cells = config.kv_cache_tokens
-    options = LlamaCppOptions(torch.get_num_threads(), kv_cache_tokens=cells, max_sequences=sequences_for(cells))
+    options = LlamaCppOptions(torch.get_num_threads(), kv_cache_tokens=cells, max_sequences=sequences_for(cells),
+                              native_library=_llama_cpp_build(config.llama_cpp_build, home))  # fmt: skip
     model = LlamaCppModel(path, options)
     extra = preset.extra_eos_tokens if preset else ()
     eos = {int(tokenizer.convert_tokens_to_ids(token)) for token in extra}
@@ -183,6 +184,17 @@ def _load_llama_cpp(
     )
     logger.info("loaded %s (%s) with llama.cpp in %.1fs", config.name, path.name, loaded.load_s)
     return loaded
+
+
+def _llama_cpp_build(build: str, home: Path) -> Path | None:
+    """The native library `build` asks for (ModelConfig.llama_cpp_build); None: the wheel's."""
+    if build == "wheel":
+        return None
+    native = native_library(home)
+    if native is None and build == "native":
+        raise ValueError(f"no llama.cpp build for this CPU under {home / NATIVE_DIR}: run "
+                         "scripts/build_native_llama_cpp.sh, or choose --llama-cpp-build auto")  # fmt: skip
+    return native
 
 
 def tiny_gguf(preset: Preset, home: Path) -> Path:

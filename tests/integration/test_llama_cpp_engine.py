@@ -18,10 +18,14 @@ from specserve.config import GenerationRequest
 from specserve.core.types import SamplingParams
 from specserve.models.config import ModelConfig
 from specserve.models.llama_cpp import (
+    BINDING_VERSION,
+    NATIVE_DIR,
     KVCacheFullError,
     LlamaCppModel,
     LlamaCppOptions,
     LlamaCppSequence,
+    cpu_flags,
+    native_library,
     sequences_for,
 )
 from specserve.models.loading import LoadedModel, load_model
@@ -123,6 +127,19 @@ def test_a_worker_holds_no_more_sessions_than_its_model_has_sequences(cpp_target
         worker.prefill(f"s{i}", [1, 2, 3 + i])
     worker.prefill("s4", [1, 2, 7])  # prefilled again: its old sequence is held until the new one is stored
     assert [f"s{i}" in worker.sessions for i in range(5)] == [False, False, False, True, True]
+
+
+def test_a_native_build_is_used_only_on_a_cpu_that_has_its_instructions(tmp_path: Path) -> None:
+    directory = tmp_path / NATIVE_DIR / BINDING_VERSION
+    assert native_library(tmp_path) is None  # none built
+    directory.mkdir(parents=True)
+    (directory / "libllama.so").write_bytes(b"")
+    (directory / "cpu_flags").write_text(" ".join(sorted(cpu_flags())[:3]))
+    assert native_library(tmp_path) == directory / "libllama.so"
+    (directory / "cpu_flags").write_text("avx2 an_instruction_set_no_cpu_has")
+    assert native_library(tmp_path) is None
+    with pytest.raises(ValueError, match="build_native_llama_cpp.sh"):
+        load_model(dataclasses.replace(cpp_config("tiny"), llama_cpp_build="native"), tmp_path, progress=False)
 
 
 def test_a_full_cache_is_resource_exhausted_on_the_wire() -> None:
