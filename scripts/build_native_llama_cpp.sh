@@ -2,7 +2,7 @@
 # Builds the llama.cpp library that the llama.cpp engine runs, for this machine's CPU (GGML_NATIVE), from the
 # sources of the pinned `xllamacpp` version on PyPI (the same llama.cpp commit as the wheel, whose struct
 # layouts the engine declares), into SPECSERVE_HOME/llama.cpp-native/VERSION/ with the CPU's flags. Workers
-# then use it (ModelConfig.llama_cpp_build `auto`) instead of the wheel's portable build. About 5 minutes on
+# then use it (ModelConfig.llama_cpp_build `auto`) instead of the wheel's portable build. 2-5 minutes on
 # two cores. Usage: scripts/build_native_llama_cpp.sh [PYTHON]   (default .venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -60,7 +60,7 @@ class ModelConfig:
     """llama.cpp engine: KV cache cells shared by all sessions of a worker (one cell per token per session)."""
     llama_cpp_build: str = field(default="auto", metadata=flag(choices=LLAMA_CPP_BUILDS))
     """llama.cpp engine: `wheel` (the `xllamacpp` wheel's portable build), `native` (the same version built
-    for this CPU by scripts/build_native_llama_cpp.sh, about 5 minutes on two cores), or `auto`: native
+    for this CPU by scripts/build_native_llama_cpp.sh, 2-5 minutes on two cores), or `auto`: native
     where it was built for this CPU, else the wheel's."""
 
     @classmethod
