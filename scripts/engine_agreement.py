@@ -11,6 +11,7 @@ import json
 import time
 
 from specserve.bench.config import PIPELINED
+from specserve.bench.lossless import first_difference
 from specserve.bench.served import ServedStack
 from specserve.bench.workloads import workload
 from specserve.models.config import ModelConfig
@@ -32,11 +33,6 @@ def outputs(target: ModelConfig, prompts: list[str], max_tokens: int) -> list[li
             list(client.generate(p, max_tokens=max_tokens, num_speculative_tokens=0, ignore_eos=True).token_ids)
             for p in prompts
         ]
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Tokens before the first position where a and b differ; None where they are identical."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
 def main() -> int:

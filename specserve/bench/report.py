@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from specserve.models.llama_cpp import cpu_flags
+
 COLUMNS = (
     ("mode", "mode", "{}"),
     ("tok/s", "tokens_per_second", "{:.2f}"),
@@ -55,7 +57,7 @@ def machine() -> dict[str, Any]:
     if cpuinfo.exists():
         lines = cpuinfo.read_text().splitlines()
         cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
-        flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+        flags = cpu_flags()
         cpu += "".join(f", {flag}" for flag in ("amx_bf16", "avx512_bf16") if flag in flags)
     return {
         "cpu": cpu,
