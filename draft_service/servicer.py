@@ -99,5 +99,5 @@ class DraftServicer(SessionServicer, pb_grpc.DraftServiceServicer):
         self, batches: AsyncIterator[pb.ProposeBatch], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProposeResults]:
         """Every session's Propose calls on one stream (specserve/worker/rounds.py)."""
-        async for results in self.answer_batches(batches, self.propose, pb.ProposeResults, PROPOSE):
+        async for results in self.answer_batches(batches, lambda r, _: self.propose(r), pb.ProposeResults, PROPOSE):
             yield results

@@ -28,6 +28,9 @@ class OrchestratorConfig:
     there each draft step is paid in full, and a token the draft was unsure of is likely rejected.
     Pre-drafted rounds keep draft_confidence_threshold: a shorter window is less often accepted whole,
     and the pre-draft continues only whole acceptances. 0.4 is Hugging Face's default."""
+    target_only_run_tokens: int = 16
+    """Target-only rounds (k = 0) ask the target for up to this many tokens in one call, decoded back to back
+    and sent back one by one as they come (a run), instead of a call per token. 1: a call per token."""
     pipelined: bool = field(default=True, metadata=flag("--pipelined", "--pipeline"))
     """Pre-draft the next window while the target verifies this one."""
     yield_shared_cores: bool = True
@@ -96,6 +99,8 @@ class OrchestratorConfig:
                      "draft_timeout_s"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.target_only_run_tokens < 1:
+            raise ValueError(f"target_only_run_tokens must be >= 1, got {self.target_only_run_tokens}")
         if self.max_concurrent_requests < 1:
             raise ValueError(f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}")
         if self.max_queued_requests < 0:

@@ -131,6 +131,7 @@ class RemoteRequest:
         self._draft_valid = len(plan.prompt_token_ids)
         self._predraft: asyncio.Task[tuple[Proposal, PassReport] | None] | None = None
         self._predraft_odds = PredraftOdds()
+        self._round_ended = self._prefilled_s = 0.0  # when the last round ended, the replica's prefill clock then
 
     @property
     def context(self) -> list[int]:
@@ -298,9 +299,14 @@ class RemoteRequest:
     async def _rounds(self) -> AsyncIterator[list[int]]:
         decoder = self.decoder
         ready: Proposal | None = None  # a pre-drafted window that turned out right
-        round_ended, prefilled_s = time.perf_counter(), self._prefill_clock()
+        self._round_ended, self._prefilled_s = time.perf_counter(), self._prefill_clock()
         while (k := self._next_k()) is not None:
             chosen_k, t0 = self.decoder.k, time.perf_counter()  # the policy's k (k: shrunk near the budget)
+            if chosen_k == 0 and self.plan.config.target_only_run_tokens > 1:
+                ready = None  # a window pre-drafted before the switch to target-only goes unused
+                async for emitted in self._run():
+                    yield emitted
+                continue
             proposal = ready if ready is not None else await self._propose(k)
             probs = None if proposal.probs is None else proposal.probs[:k]
             proposal = Proposal(proposal.token_ids[:k], probs, proposal.source)
@@ -318,14 +324,73 @@ class RemoteRequest:
             if (policy := self._adaptive_k()) is not None:  # the whole round, waits and overlap included
                 now, clock = time.perf_counter(), self._prefill_clock()
                 policy.observe(
-                    self._batch_size(), chosen_k, verdict.num_accepted, now - round_ended, now,
-                    num_asked=k, num_drafted=len(proposal.token_ids), stalled_s=clock - prefilled_s,
+                    self._batch_size(), chosen_k, verdict.num_accepted, now - self._round_ended, now,
+                    num_asked=k, num_drafted=len(proposal.token_ids), stalled_s=clock - self._prefilled_s,
                     draft_s=t1 - t0, verify_s=t2 - t1, draft_lag=self._draft_lag(),
                 )  # fmt: skip
-                round_ended, prefilled_s = now, clock
+                self._round_ended, self._prefilled_s = now, clock
             emitted = decoder.apply(proposal, verdict, t1 - t0, t2 - t1)
             if emitted:
                 yield emitted
+
+    async def _run(self) -> AsyncIterator[list[int]]:
+        """Target-only tokens decoded by the target back to back in one call (a run), each emitted as it comes:
+        a round trip per token is host overhead that nothing overlaps at k = 0. The run ends at the plan's
+        run length, the budget or a stop token; a stop string ends it early (the call is cancelled)."""
+        decoder, config = self.decoder, self.plan.config
+        if self._draft_length == decoder.context_length:  # the draft holds the context: what it lacks starts here
+            self._draft_valid = decoder.context_length
+        first, budget = decoder.context_length, min(config.target_only_run_tokens, decoder.room())
+        arrived: asyncio.Queue[list[int] | None] = asyncio.Queue()
+
+        def hear(token_ids: list[int]) -> None:  # applied at once: a recovery prefills the context with them
+            arrived.put_nowait(decoder.apply_run(token_ids))
+
+        async def run(client: TargetClient) -> PassReport | None:
+            num_tokens = budget - (decoder.context_length - first)  # what is left after a recovery mid-run
+            if num_tokens <= 0 or decoder.result.finish_reason is not None:
+                return None
+            eos = self.plan.stop.eos_token_ids
+            return await client.decode_run(self.session_id, num_tokens, eos, self.plan.sampling, hear)
+
+        async def call() -> PassReport | None:
+            try:
+                async with self._turn(Phase.VERIFY, late_ok=True):
+                    return await self._on_target(run)
+            finally:
+                arrived.put_nowait(None)
+
+        started = time.perf_counter()
+        task = asyncio.ensure_future(call())
+        try:
+            while (emitted := await arrived.get()) is not None:
+                if emitted:
+                    yield emitted
+                if decoder.result.finish_reason is not None and not task.done():
+                    return  # a stop string: what the run decodes on is not needed
+            report = task.result()  # raises why the run failed
+        finally:
+            task.cancel()
+        seconds, stats = time.perf_counter() - started, decoder.result.stats
+        stats.target_s += seconds
+        if report is not None:
+            stats.transport_s += seconds - report.compute_s
+            stats.target_pass_s += report.pass_s
+        self._observe_run(decoder.context_length - first, seconds)
+
+    def _observe_run(self, num_tokens: int, verify_s: float) -> None:
+        """A run, told to the adaptive policy as the target-only rounds it stands for, a token each."""
+        if (policy := self._adaptive_k()) is None or num_tokens < 1:
+            return
+        now, clock = time.perf_counter(), self._prefill_clock()
+        seconds, stalled_s = now - self._round_ended, clock - self._prefilled_s
+        for _ in range(num_tokens):
+            policy.observe(
+                self._batch_size(), 0, 0, seconds / num_tokens, now, num_asked=0, num_drafted=0,
+                stalled_s=stalled_s / num_tokens, draft_s=0.0, verify_s=verify_s / num_tokens,
+                draft_lag=self._draft_lag(),
+            )  # fmt: skip
+        self._round_ended, self._prefilled_s = now, clock
 
     def _next_k(self) -> int | None:
         """The decoder's next window, its k chosen by the adaptive policy first when there is one."""

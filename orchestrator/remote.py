@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +161,34 @@ class TargetClient(_WorkerClient):
         response = await self.rounds.call(session_id, request, self.deadlines.round_s)
         report = PassReport(response.compute_ms / 1000, response.batch_size, response.pass_ms / 1000)
         return convert.verdict_from_proto(response), report
+
+    async def decode_run(
+        self,
+        session_id: str,
+        num_tokens: int,
+        stop_token_ids: frozenset[int],
+        sampling: SamplingParams,
+        on_tokens: Callable[[list[int]], None],
+    ) -> PassReport:
+        """Target-only decoding of up to `num_tokens` tokens in one call (a run), ending after a stop token;
+        `on_tokens` hears them as they are decoded, each once. The deadline is a round's, per token."""
+        request = pb.VerifyRequest(
+            session_id=session_id,
+            sampling=convert.sampling_to_proto(sampling),
+            num_tokens=num_tokens,
+            stop_token_ids=sorted(stop_token_ids),
+        )
+        num_heard = 0
+
+        def hear(response: pb.VerifyResponse) -> None:
+            nonlocal num_heard
+            num_heard += len(response.token_ids)
+            on_tokens(list(response.token_ids))
+
+        response = await self.rounds.call(session_id, request, self.deadlines.round_s, on_partial=hear)
+        if len(response.token_ids) > num_heard:  # the last token, or all of them when no partial came
+            on_tokens(list(response.token_ids[num_heard:]))
+        return PassReport(response.compute_ms / 1000, response.batch_size, response.pass_ms / 1000)
 
 
 def _model_info(message: pb.ModelInfoResponse) -> ModelInfo:

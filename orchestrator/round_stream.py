@@ -36,12 +36,16 @@ class RoundMux:
         self._stream: _Stream | None = None
         self._call_ids = itertools.count(1)
 
-    async def call(self, session_id: str, request: Message, timeout_s: float) -> Any:
+    async def call(
+        self, session_id: str, request: Message, timeout_s: float, on_partial: Callable[[Any], None] | None = None
+    ) -> Any:
         """The response to `request` (one of the session's rounds); raises AioRpcError, DEADLINE_EXCEEDED after
-        timeout_s. A call cancelled or past its deadline is cancelled on the worker unless it already began."""
+        timeout_s without a result. A call cancelled or past its deadline is cancelled on the worker unless it
+        already began. `on_partial(response)`: each partial result (a run's tokens as they are decoded), which
+        also gives the call timeout_s again."""
         started, code = time.perf_counter(), grpc.StatusCode.OK
         try:
-            return await self._exchange(request, timeout_s)
+            return await self._exchange(request, timeout_s, on_partial)
         except grpc.aio.UsageError as error:  # the pool closed the channel: as a dead worker, so callers move on
             code = grpc.StatusCode.UNAVAILABLE
             raise _rpc_error(code, f"{self.address}: {error}") from error
@@ -55,7 +59,7 @@ class RoundMux:
             if self.observe is not None:
                 self.observe(self.method, code, time.perf_counter() - started)
 
-    async def _exchange(self, request: Message, timeout_s: float) -> Any:
+    async def _exchange(self, request: Message, timeout_s: float, on_partial: Callable[[Any], None] | None) -> Any:
         stream = self._stream
         if stream is None or stream.ended:
             stream = self._stream = _Stream(self.open_stream(), self.batch_type)
@@ -63,7 +67,14 @@ class RoundMux:
         call_id = next(self._call_ids)
         future = stream.send(call_id, request, current_request_id() or "")
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s) as deadline:
+                if on_partial is not None:
+
+                    def alive(response: Any) -> None:
+                        deadline.reschedule(asyncio.get_running_loop().time() + timeout_s)
+                        on_partial(response)
+
+                    stream.partials[call_id] = alive
                 return await future
         except TimeoutError:
             raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"no response within {timeout_s:.1f}s") from None
@@ -87,6 +98,7 @@ class _Stream:
     def __init__(self, call: grpc.aio.StreamStreamCall, batch_type: Any) -> None:
         self.call, self.batch_type = call, batch_type
         self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.partials: dict[int, Callable[[Any], None]] = {}  # by call id: who hears its partial results
         self.ended = False
         self._outbox: list[list[Any]] = []  # [message, bytes]: sent in order; calls join the last one
         self._wake = asyncio.Event()
@@ -104,6 +116,7 @@ class _Stream:
 
     def give_up(self, call_id: int) -> None:
         """The caller is done with the call: if it still waits for a result, the worker is told to drop it."""
+        self.partials.pop(call_id, None)
         if self.pending.pop(call_id, None) is not None and not self.ended:
             self._next_message(8).cancelled_call_ids.append(call_id)
 
@@ -159,6 +172,9 @@ class _Stream:
         try:
             while (message := await self.call.read()) is not grpc.aio.EOF:
                 for result in message.results:
+                    if getattr(result, "partial", False):
+                        self._partial(result)
+                        continue
                     future = self.pending.pop(result.call_id, None)
                     if future is None or future.done():  # given up on: dropped
                         continue
@@ -175,6 +191,16 @@ class _Stream:
             raise
         except Exception as error:  # noqa: BLE001 - a stream that cannot be read is as a dead worker
             self.end(_rpc_error(grpc.StatusCode.UNAVAILABLE, f"the round stream failed: {error!r}"))
+
+    def _partial(self, result: Any) -> None:
+        """A partial result goes to its caller; one the caller cannot take fails its call, not the stream."""
+        future, hear = self.pending.get(result.call_id), self.partials.get(result.call_id)
+        if future is None or future.done() or hear is None:
+            return
+        try:
+            hear(result.response)
+        except Exception as error:  # noqa: BLE001 - the caller's own fault, its call's failure
+            future.set_exception(error)
 
     async def _ended(self) -> grpc.aio.AioRpcError:
         return _stream_error(await self.call.code(), await self.call.details())

@@ -305,16 +305,20 @@ class ProposeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., compute_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., source: _Optional[str] = ..., pass_ms: _Optional[float] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "draft_token_ids", "draft_probs", "sampling")
+    __slots__ = ("session_id", "draft_token_ids", "draft_probs", "sampling", "num_tokens", "stop_token_ids")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: SparseProbs
     sampling: SamplingParams
-    def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    num_tokens: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[SparseProbs, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., num_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("token_ids", "num_accepted", "compute_ms", "batch_size", "batch_tokens", "pass_ms")
@@ -402,14 +406,16 @@ class VerifyBatch(_message.Message):
 class VerifyResults(_message.Message):
     __slots__ = ("results",)
     class Result(_message.Message):
-        __slots__ = ("call_id", "response", "error")
+        __slots__ = ("call_id", "response", "error", "partial")
         CALL_ID_FIELD_NUMBER: _ClassVar[int]
         RESPONSE_FIELD_NUMBER: _ClassVar[int]
         ERROR_FIELD_NUMBER: _ClassVar[int]
+        PARTIAL_FIELD_NUMBER: _ClassVar[int]
         call_id: int
         response: VerifyResponse
         error: RoundError
-        def __init__(self, call_id: _Optional[int] = ..., response: _Optional[_Union[VerifyResponse, _Mapping]] = ..., error: _Optional[_Union[RoundError, _Mapping]] = ...) -> None: ...
+        partial: bool
+        def __init__(self, call_id: _Optional[int] = ..., response: _Optional[_Union[VerifyResponse, _Mapping]] = ..., error: _Optional[_Union[RoundError, _Mapping]] = ..., partial: _Optional[bool] = ...) -> None: ...
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[VerifyResults.Result]
     def __init__(self, results: _Optional[_Iterable[_Union[VerifyResults.Result, _Mapping]]] = ...) -> None: ...

@@ -13,6 +13,7 @@ from specserve.models.pass_clock import with_pass_seconds
 from specserve.rpc import stream_errors, unary_errors
 from specserve.worker import convert
 from specserve.worker.batching import BatchQueue
+from specserve.worker.rounds import Partial
 from specserve.worker.servicer import SessionServicer
 from target_service.worker import TargetWorker, VerifyCall
 
@@ -34,18 +35,31 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
     async def Verify(self, request: pb.VerifyRequest, context: grpc.aio.ServicerContext) -> pb.VerifyResponse:
         return await self.verify(request)
 
-    async def verify(self, request: pb.VerifyRequest) -> pb.VerifyResponse:
-        """A Verify call, however it came; raises what the status mapping (specserve/rpc.py) answers."""
+    async def verify(self, request: pb.VerifyRequest, partial: Partial | None = None) -> pb.VerifyResponse:
+        """A Verify call, however it came; raises what the status mapping (specserve/rpc.py) answers. A run
+        (num_tokens > 1) is the same target-only call again after each token, each time in the next batched
+        pass, its tokens sent ahead through `partial` (round streams) as they are decoded."""
         sampling = convert.sampling_from_proto(request.sampling)
         draft_probs = request.draft_probs if request.HasField("draft_probs") else None
         proposal = convert.proposal_from_proto(
             list(request.draft_token_ids), draft_probs, self.worker.loaded.vocab_size
         )
-        (verdict, pass_s), seconds, batch = await self.queue.submit(VerifyCall(request.session_id, proposal, sampling))
-        response = convert.verdict_to_proto(verdict)
-        response.compute_ms, response.batch_size, response.pass_ms = seconds * 1000, len(batch), pass_s * 1000
-        response.batch_tokens = sum(len(c.proposal.token_ids) + 1 for c in batch)
-        return response
+        call = VerifyCall(request.session_id, proposal, sampling)
+        num_tokens = self.worker.check_run(call, request.num_tokens)
+        stop_token_ids = frozenset(request.stop_token_ids)
+        response = pb.VerifyResponse()
+        while True:
+            (verdict, pass_s), seconds, batch = await self.queue.submit(call)
+            response.token_ids.extend(verdict.token_ids)
+            response.num_accepted = verdict.num_accepted
+            response.compute_ms += seconds * 1000
+            response.pass_ms += pass_s * 1000
+            response.batch_size = max(response.batch_size, len(batch))
+            response.batch_tokens = max(response.batch_tokens, sum(len(c.proposal.token_ids) + 1 for c in batch))
+            if len(response.token_ids) >= num_tokens or verdict.token_ids[-1] in stop_token_ids:
+                return response
+            if partial is not None:
+                partial(pb.VerifyResponse(token_ids=verdict.token_ids))
 
     async def VerifyStream(
         self, requests: AsyncIterator[pb.VerifyRequest], context: grpc.aio.ServicerContext

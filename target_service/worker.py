@@ -71,6 +71,19 @@ class TargetWorker:
                 results[i] = session.finish(call.proposal, call.sampling, target_logits, num_context)
         return results
 
+    def check_run(self, call: VerifyCall, num_tokens: int) -> int:
+        """The tokens a call decodes: 1, or `num_tokens` for a run (target-only, within the context)."""
+        if num_tokens <= 1:
+            if num_tokens < 0:
+                raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+            return 1
+        if call.proposal.token_ids:
+            raise ValueError("a run (num_tokens > 1) decodes target-only: it takes no draft tokens")
+        room = self.loaded.max_context - len(self.sessions.get(call.session_id).sequence.token_ids)
+        if num_tokens > room:
+            raise ValueError(f"a run of {num_tokens} tokens does not fit: {room} positions left in the context")
+        return num_tokens
+
     def _checked(self, call: VerifyCall) -> TargetSession:
         session = self.sessions.get(call.session_id)
         proposal = call.proposal

@@ -93,11 +93,15 @@ class SpeculativeDecoder:
         or None when the request is finished."""
         if self.result.finish_reason is not None:
             return None
-        room = min(self.stop.max_tokens - len(self.result.token_ids), self.max_context - self.context_length)
+        room = self.room()
         if room <= 0:
             self._finish("length")
             return None
         return min(self.k, room - 1)
+
+    def room(self) -> int:
+        """Tokens the request may still emit (its budget and the context's)."""
+        return min(self.stop.max_tokens - len(self.result.token_ids), self.max_context - self.context_length)
 
     def apply(self, proposal: Proposal, verdict: Verdict, draft_s: float, target_s: float) -> list[int]:
         """Record one verified round; return the tokens it emits after EOS, length and stop-string trims."""
@@ -105,6 +109,15 @@ class SpeculativeDecoder:
             len(proposal.token_ids), verdict.num_accepted, draft_s, target_s, proposal.source
         )
         return self._append(verdict.token_ids)
+
+    def apply_run(self, token_ids: list[int]) -> list[int]:
+        """Record tokens of a target-only run (a round each, no drafts) as they arrive; return what they emit
+        (nothing once the request has finished: a run may decode past a stop string)."""
+        if self.result.finish_reason is not None:
+            return []
+        for _ in token_ids:
+            self.result.stats.observe_round(0, 0, 0.0, 0.0)
+        return self._append(token_ids)
 
     def apply_first(self, token_id: int) -> list[int]:
         """Record the first output token, chosen by the target's prefill (no round); return what it emits."""

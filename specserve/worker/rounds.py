@@ -1,6 +1,7 @@
 """The worker's side of a round stream (ProposeRounds, VerifyRounds): every call of a message starts at once,
 a session's calls in the order sent; results go back as they are ready, those ready together in one message.
-A call's error is its own result, with the status its unary call would have answered; the stream serves on."""
+A call's error is its own result, with the status its unary call would have answered; the stream serves on.
+A call that decodes several tokens (a target-only run) also sends partial results as it goes."""
 
 from __future__ import annotations
 
@@ -19,16 +20,20 @@ from specserve.rpc import (
     error_status,
 )
 
+Partial = Callable[[Any], None]
+"""Sends a partial result of the call being answered (a response message holding what is new)."""
+
 
 async def answer_batches(
     batches: AsyncIterator[Any],
-    answer: Callable[[Any], Awaitable[Any]],
+    answer: Callable[[Any, Partial], Awaitable[Any]],
     results_type: Any,
     method: str,
     stopping: Callable[[], bool],
 ) -> AsyncIterator[Any]:
     """Results messages (`results_type`: pb.VerifyResults or pb.ProposeResults) for the calls of `batches`,
-    each answered by `answer(request)` as its unary call would be and logged as one (`method`). Once
+    each answered by `answer(request, partial)` as its unary call would be and logged as one (`method`);
+    `partial(response)` sends a partial result ahead of the answer (VerifyResults only). Once
     `stopping()` calls are refused UNAVAILABLE, so their sessions move to another replica instead of riding
     out the grace. A message that does not parse ends the stream (INVALID_ARGUMENT), its calls unanswered."""
     outbox: list[list[Any]] = []  # [results message, bytes]: sent in order; results join the last one
@@ -43,6 +48,11 @@ async def answer_batches(
         wake.set()
         return outbox[-1][0].results.add(call_id=call_id)
 
+    def partial(call_id: int, response: Any) -> None:
+        part = result(call_id, response.ByteSize() + 16)
+        part.partial = True
+        part.response.MergeFrom(response)
+
     async def run(call: Any, after: asyncio.Task[None] | None) -> None:
         bind_request_id(call.request_id or None)
         started = time.perf_counter()
@@ -51,7 +61,7 @@ async def answer_batches(
                 await asyncio.wait((after,))
             if stopping():
                 raise UnavailableError("the worker is shutting down")
-            response = await answer(call.request)
+            response = await answer(call.request, lambda response: partial(call.call_id, response))
             if (size := response.ByteSize() + 16) > MAX_MESSAGE_BYTES:  # alone it would end the stream
                 raise OverloadedError(f"a {size}-byte response, over the {MAX_MESSAGE_BYTES}-byte message limit")
         except asyncio.CancelledError:  # the caller gave up on it: no result

@@ -103,7 +103,11 @@ class SessionServicer(WorkerServicer):
             yield await answer(request, context)
 
     def answer_batches(
-        self, batches: AsyncIterator[Any], answer: Callable[[Any], Awaitable[Any]], results_type: Any, method: str
+        self,
+        batches: AsyncIterator[Any],
+        answer: Callable[[Any, rounds.Partial], Awaitable[Any]],
+        results_type: Any,
+        method: str,
     ) -> AsyncIterator[Any]:
         """Every session's round calls on one stream (specserve/worker/rounds.py): each answered as `answer`
         does, refused UNAVAILABLE once the worker is stopping."""

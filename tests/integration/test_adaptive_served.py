@@ -14,6 +14,7 @@ import pytest
 
 import orchestrator.replicas
 from inprocess.engine import SpeculativeEngine
+from orchestrator.config import OrchestratorConfig
 from specserve.adaptive import AdaptiveConfig, AdaptivePolicy
 from specserve.config import GenerationRequest
 from specserve_client import SpecServeClient
@@ -119,6 +120,8 @@ class Recorder(grpc.aio.ServerInterceptor):
 
             async for results in inner(noted(), context):
                 for result in results.results:
+                    if getattr(result, "partial", False):  # a run's token ahead of its result
+                        continue
                     request, start = pending.pop(result.call_id)
                     if result.HasField("response"):
                         self.calls.append((method, request, result.response))
@@ -146,7 +149,7 @@ def test_the_draft_catches_up_after_target_only_rounds(
     engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _policy_script(monkeypatch, itertools.cycle([3, 0, 0, 0, 2, 0, 4]))
-    prompt_ids, reference, recorder = _served_adaptive(engine, "def add(a, b):", max_tokens=48)
+    prompt_ids, reference, recorder = _served_adaptive(engine, "def add(a, b):", max_tokens=160)
     truth = prompt_ids + reference
     draft_context: list[int] = []
     num_checked = 0
@@ -160,6 +163,23 @@ def test_the_draft_catches_up_after_target_only_rounds(
             num_checked += 1
         draft_context += list(answer.token_ids)  # its proposals, checked by the target next
     assert num_checked >= 3
+
+
+def test_target_only_rounds_decode_in_runs_and_stream_token_by_token(engine: SpeculativeEngine) -> None:
+    """At k = 0 a call decodes a run of tokens (orchestrator/pipeline.py), each streamed as it comes."""
+    recorder = Recorder(methods=("Verify",))
+    max_tokens, run_tokens = 40, OrchestratorConfig().target_only_run_tokens
+    with LocalStack(draft=None, interceptors={"target": [recorder]}) as stack, SpecServeClient(stack.address) as client:
+        chunks = list(client.stream("def add(a, b):", max_tokens=max_tokens, ignore_eos=True))
+    request = GenerationRequest(
+        prompt="def add(a, b):", max_tokens=max_tokens, num_speculative_tokens=0, ignore_eos=True
+    )
+    assert [t for chunk in chunks for t in chunk.token_ids] == engine.generate(request).token_ids
+    assert sum(1 for chunk in chunks if chunk.token_ids) == max_tokens  # one chunk a token
+    assert chunks[-1].stats.rounds == max_tokens - 1  # a round a token after the prefill's first
+    # the first token comes from the prefill, then runs of up to run_tokens
+    runs = [len(answer.token_ids) for _, _, answer in recorder.calls]
+    assert runs == [run_tokens, run_tokens, max_tokens - 1 - 2 * run_tokens]
 
 
 def test_a_raised_k_takes_effect_while_predrafts_hit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,14 +199,15 @@ def test_the_draft_is_prefilled_only_once_a_round_drafts(
     """With speculation off at the replica when a request starts, the draft's prefill would only take
     hardware from the target's passes: the first round that drafts prefills it with the context so far."""
     _policy_script(monkeypatch, itertools.chain([0, 0, 0], itertools.repeat(later_k)), first_k=0)
-    prompt_ids, reference, recorder = _served_adaptive(engine, "def add(a, b):", max_tokens=32)
+    run_tokens = OrchestratorConfig().target_only_run_tokens  # a target-only round decodes a run of them
+    prompt_ids, reference, recorder = _served_adaptive(engine, "def add(a, b):", max_tokens=3 * run_tokens + 16)
     if later_k == 0:
         assert recorder.calls == []  # target-only throughout: the draft never hears of the request
         return
     method, first, _ = recorder.calls[0]
     assert method == "Prefill"
-    # the prompt, the first token (chosen in the target's prefill) and the three tokens of target-only rounds
-    assert len(first.prompt_token_ids) == len(prompt_ids) + 1 + 3
+    # the prompt, the first token (chosen in the target's prefill) and the three target-only rounds' tokens
+    assert len(first.prompt_token_ids) == len(prompt_ids) + 1 + 3 * run_tokens
     assert list(first.prompt_token_ids) == (prompt_ids + reference)[: len(first.prompt_token_ids)]
     assert [method for method, _, _ in recorder.calls].count("Prefill") == 1
     assert any(method == "Propose" and answer.token_ids for method, _, answer in recorder.calls)

@@ -233,3 +233,45 @@ def test_calls_too_big_to_share_a_message_go_in_several_and_one_too_big_to_send_
 
     with LocalStack(draft=None) as stack:
         stack.call(run(stack.addresses["target"]))
+
+
+def test_a_run_decodes_what_single_rounds_do_and_sends_each_token_as_it_comes() -> None:
+    sampled = SamplingParams(temperature=1.0)
+
+    async def run(address: str) -> None:
+        client = TargetClient(address)
+        try:
+            for session_id, seed in (("run", None), ("steps", None), ("sampled-run", 7), ("sampled-steps", 7)):
+                await client.prefill(session_id, PROMPT, seed)
+            for session_id, sampling in (("", GREEDY), ("sampled-", sampled)):
+                heard: list[list[int]] = []
+                report = await client.decode_run(f"{session_id}run", 12, frozenset(), sampling, heard.append)
+                steps = [(await client.verify(f"{session_id}steps", Proposal([]), sampling))[0] for _ in range(12)]
+                assert heard == [verdict.token_ids for verdict in steps]  # one by one, as single rounds decode
+                assert report.pass_s > 0
+            reference = sum(heard, [])
+            for session_id in ("stops", "stops-reference"):
+                await client.prefill(session_id, PROMPT, 7)
+            heard = []
+            await client.decode_run("stops", 12, frozenset({reference[4]}), sampled, heard.append)
+            assert sum(heard, []) == reference[: reference.index(reference[4]) + 1]  # ends after a stop token
+            bad_runs = [
+                pb.VerifyRequest(session_id="run", num_tokens=3, draft_token_ids=[1]),  # a run takes no drafts
+                pb.VerifyRequest(session_id="run", num_tokens=10**6),  # past the context
+                pb.VerifyRequest(session_id="run", num_tokens=-1),
+            ]
+            for request in bad_runs:
+                request.sampling.CopyFrom(pb.SamplingParams())
+                assert await _code(client.rounds.call("run", request, 10)) == grpc.StatusCode.INVALID_ARGUMENT
+            assert len(await _unary_run(client, "steps", 5)) == 5  # unary: every token in the answer
+            assert client.rounds.num_streams == 1 and len(client.rounds) == 0
+        finally:
+            await client.close()
+
+    with LocalStack(draft=None) as stack:
+        stack.call(run(stack.addresses["target"]))
+
+
+async def _unary_run(client: TargetClient, session_id: str, num_tokens: int) -> list[int]:
+    request = pb.VerifyRequest(session_id=session_id, sampling=pb.SamplingParams(), num_tokens=num_tokens)
+    return list((await client._call("Verify", request, 10)).token_ids)

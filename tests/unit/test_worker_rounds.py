@@ -11,7 +11,7 @@ import grpc
 
 from protos import specserve_pb2 as pb
 from specserve.rpc import BATCH_MESSAGE_BYTES
-from specserve.worker.rounds import answer_batches
+from specserve.worker.rounds import Partial, answer_batches
 from specserve.worker.sessions import SessionNotFoundError
 
 METHOD = "/specserve.v1.DraftService/Propose"
@@ -35,7 +35,10 @@ async def _serve(
             else:
                 yield batch
 
-    return [results async for results in answer_batches(incoming(), answer, pb.ProposeResults, METHOD, stopping)]
+    async def answer_call(request: pb.ProposeRequest, partial: object) -> pb.ProposeResponse:
+        return await answer(request)
+
+    return [results async for results in answer_batches(incoming(), answer_call, pb.ProposeResults, METHOD, stopping)]
 
 
 def _outcomes(messages: list[pb.ProposeResults]) -> dict[int, list[int] | grpc.StatusCode]:
@@ -89,3 +92,23 @@ def test_results_too_big_for_one_message_go_in_several() -> None:
     messages = asyncio.run(_serve([pb.ProposeBatch(calls=[_call(i, f"s{i}") for i in range(5)])], answer))
     assert sorted(r.call_id for m in messages for r in m.results) == list(range(5))
     assert len(messages) == 3 and all(m.ByteSize() <= BATCH_MESSAGE_BYTES for m in messages)
+
+
+def test_partial_results_go_ahead_of_their_call_and_share_messages_with_other_results() -> None:
+    async def answer(request: pb.VerifyRequest, partial: Partial) -> pb.VerifyResponse:
+        for token_id in range(request.num_tokens - 1):  # a run: each token but the last ahead
+            partial(pb.VerifyResponse(token_ids=[token_id]))
+            await asyncio.sleep(0.01)
+        return pb.VerifyResponse(token_ids=list(range(request.num_tokens)))
+
+    async def batches() -> AsyncIterator[pb.VerifyBatch]:
+        calls = [(1, "run", 3), (2, "step", 1)]
+        yield pb.VerifyBatch(calls=[pb.VerifyBatch.Call(call_id=c, request=pb.VerifyRequest(session_id=s, num_tokens=n))
+                                    for c, s, n in calls])  # fmt: skip
+
+    async def serve() -> list[pb.VerifyResults]:
+        stream = answer_batches(batches(), answer, pb.VerifyResults, METHOD, lambda: False)
+        return [results async for results in stream]
+
+    results = [(r.call_id, r.partial, list(r.response.token_ids)) for m in asyncio.run(serve()) for r in m.results]
+    assert results == [(1, True, [0]), (2, False, [0]), (1, True, [1]), (1, False, [0, 1, 2])]
