@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -37,8 +38,8 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
 
     async def verify(self, request: pb.VerifyRequest, partial: Partial | None = None) -> pb.VerifyResponse:
         """A Verify call, however it came; raises what the status mapping (specserve/rpc.py) answers. A run
-        (num_tokens > 1) is the same target-only call again after each token, each time in the next batched
-        pass, its tokens sent ahead through `partial` (round streams) as they are decoded."""
+        (num_tokens > 1) is the same target-only call again after each token, in the next batched pass, its
+        tokens sent ahead through `partial` (round streams) as they are decoded."""
         sampling = convert.sampling_from_proto(request.sampling)
         draft_probs = request.draft_probs if request.HasField("draft_probs") else None
         proposal = convert.proposal_from_proto(
@@ -48,8 +49,11 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
         num_tokens = self.worker.check_run(call, request.num_tokens)
         stop_token_ids = frozenset(request.stop_token_ids)
         response = pb.VerifyResponse()
-        while True:
-            (verdict, pass_s), seconds, batch = await self.queue.submit(call)
+        loop = asyncio.get_running_loop()
+
+        def again(result: tuple[Verdict, float], seconds: float, batch: list[VerifyCall]) -> bool:
+            """After each pass, on the model thread: its tokens and figures added; whether the run goes on."""
+            verdict, pass_s = result
             response.token_ids.extend(verdict.token_ids)
             response.num_accepted = verdict.num_accepted
             response.compute_ms += seconds * 1000
@@ -57,9 +61,13 @@ class TargetServicer(SessionServicer, pb_grpc.TargetServiceServicer):
             response.batch_size = max(response.batch_size, len(batch))
             response.batch_tokens = max(response.batch_tokens, sum(len(c.proposal.token_ids) + 1 for c in batch))
             if len(response.token_ids) >= num_tokens or verdict.token_ids[-1] in stop_token_ids:
-                return response
+                return False
             if partial is not None:
-                partial(pb.VerifyResponse(token_ids=verdict.token_ids))
+                loop.call_soon_threadsafe(partial, pb.VerifyResponse(token_ids=verdict.token_ids))
+            return True
+
+        await self.queue.submit(call, again)
+        return response
 
     async def VerifyStream(
         self, requests: AsyncIterator[pb.VerifyRequest], context: grpc.aio.ServicerContext

@@ -76,6 +76,14 @@ class ModelExecutor:
         finally:
             self._release(inline=True)
 
+    def has_waiting(self) -> bool:
+        """Whether a call waits for the model (read from the model thread too: a run's passes yield to it)."""
+        return bool(self._waiting[False] or self._waiting[True])
+
+    def observe_pass(self, seconds: float) -> None:
+        """The last pass took `seconds`, whatever the timed call around it took (a run's several passes)."""
+        self._last_pass_s = seconds
+
     async def _acquire(self, background: bool) -> None:
         if not self._busy:  # then nothing waits: _release hands the model on while anything does
             self._busy = True

@@ -5,6 +5,8 @@ noise; any token that differs must be a near-tie of the target's top two logits)
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 import torch
@@ -103,6 +105,35 @@ def test_calls_that_wait_during_a_pass_share_the_next_one() -> None:
     assert sizes[0] == 1 and max(sizes) == 3 and sum(sizes) == 6
     assert [r[0] if isinstance(r, tuple) else type(r) for r in results] == [10, 20, ValueError, 40, 50, 60]
     assert len(results[0][2]) == 1 and {len(r[2]) for r in results[1:] if isinstance(r, tuple)} <= {2, 3}
+
+
+def test_a_run_passes_again_on_the_model_thread_until_another_call_waits() -> None:
+    passes: list[tuple[list[str], str]] = []  # each pass's sessions and the thread it ran on
+
+    def run_batch(calls: list[tuple[str, int]]) -> list[int | Exception]:
+        passes.append(([session for session, _ in calls], threading.current_thread().name))
+        time.sleep(0.01)
+        return [n for _, n in calls]
+
+    async def scenario() -> tuple[list[int], object]:
+        queue: BatchQueue[tuple[str, int], int] = BatchQueue(ModelExecutor("test"), run_batch, lambda c: c[0], 4)
+        heard: list[int] = []
+
+        def again(result: int, seconds: float, calls: list[tuple[str, int]]) -> bool:
+            heard.append(result)
+            return len(heard) < 8
+
+        run = asyncio.ensure_future(queue.submit(("run", 7), again))
+        await asyncio.sleep(0.035)  # a few of the run's passes
+        other = await queue.submit(("other", 1))
+        await run
+        return heard, other
+
+    heard, other = asyncio.run(scenario())
+    assert heard == [7] * 8
+    together = passes.index((["run", "other"], passes[0][1]))  # the run's next pass takes the other call in
+    assert 2 <= together <= 5 and len(passes) == 8 and all(names == ["run"] for names, _ in passes[together + 1 :])
+    assert {thread for _, thread in passes} == {passes[0][1]} and passes[0][1].startswith("test")
 
 
 def test_greedy_rows_chosen_together_as_one_by_one(tiny_draft: LoadedModel) -> None:
