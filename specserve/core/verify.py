@@ -18,8 +18,13 @@ def greedy_verify(draft_token_ids: Sequence[int], target_logits: torch.Tensor) -
     k = len(draft_token_ids)
     assert target_logits.shape[0] == k + 1, (target_logits.shape, k)
     # argmax over float32: the same indices as over bfloat16 (the cast is exact), at a quarter of the
-    # time on the CPU (2.2 against 0.6 ms for 8 rows of a 152k vocabulary)
-    target_token_ids = target_logits.float().argmax(dim=-1).tolist()
+    # time on the CPU (2.2 against 0.6 ms for 8 rows of a 152k vocabulary); on the CPU numpy's (the first
+    # maximum, as torch's) takes 11 us a row of 152k where torch's takes 130
+    target_logits = target_logits.float()
+    if target_logits.device.type == "cpu":
+        target_token_ids = target_logits.numpy().argmax(axis=-1).tolist()
+    else:
+        target_token_ids = target_logits.argmax(dim=-1).tolist()
     num_accepted = 0
     while num_accepted < k and draft_token_ids[num_accepted] == target_token_ids[num_accepted]:
         num_accepted += 1

@@ -294,7 +294,7 @@ class LlamaCppModel:
                 for row in rows:
                     self.lib.llama_memory_seq_rm(self._memory, row.seq_id, row.start, -1)
                 raise
-        return [torch.from_numpy(np.concatenate(chunks)) for chunks in outputs]
+        return [torch.from_numpy(chunks[0] if len(chunks) == 1 else np.concatenate(chunks)) for chunks in outputs]
 
     def _decode_chunk(self, rows: list[_Row], chunk: list[tuple[int, int, int, bool]], outputs: list) -> None:
         batch = self._batch
