@@ -29,8 +29,9 @@ class OrchestratorConfig:
     Pre-drafted rounds keep draft_confidence_threshold: a shorter window is less often accepted whole,
     and the pre-draft continues only whole acceptances. 0.4 is Hugging Face's default."""
     target_only_run_tokens: int = 16
-    """Target-only rounds (k = 0) ask the target for up to this many tokens in one call, decoded back to back
-    and sent back one by one as they come (a run), instead of a call per token. 1: a call per token."""
+    """Target-only rounds of adaptive k (k = 0) ask the target for up to this many tokens in one call, decoded
+    back to back and sent back one by one as they come (a run), instead of a call per token; a request at a
+    fixed k = 0 runs to its end in one call. 1: a call per token."""
     pipelined: bool = field(default=True, metadata=flag("--pipelined", "--pipeline"))
     """Pre-draft the next window while the target verifies this one."""
     yield_shared_cores: bool = True

@@ -336,11 +336,15 @@ class RemoteRequest:
     async def _run(self) -> AsyncIterator[list[int]]:
         """Target-only tokens decoded by the target back to back in one call (a run), each emitted as it comes:
         a round trip per token is host overhead that nothing overlaps at k = 0. The run ends at the plan's
-        run length, the budget or a stop token; a stop string ends it early (the call is cancelled)."""
+        run length (under adaptive k, which decides between runs), the budget or a stop token; a stop string
+        ends it early (the call is cancelled)."""
         decoder, config = self.decoder, self.plan.config
         if self._draft_length == decoder.context_length:  # the draft holds the context: what it lacks starts here
             self._draft_valid = decoder.context_length
-        first, budget = decoder.context_length, min(config.target_only_run_tokens, decoder.room())
+        # with no policy to consult between runs (a fixed k = 0), the run lasts the request
+        unbounded = self._adaptive_k() is None and config.target_only_run_tokens > 1
+        first = decoder.context_length
+        budget = decoder.room() if unbounded else min(config.target_only_run_tokens, decoder.room())
         arrived: asyncio.Queue[list[int] | None] = asyncio.Queue()
 
         def hear(token_ids: list[int]) -> None:  # applied at once: a recovery prefills the context with them

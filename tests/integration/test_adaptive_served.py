@@ -165,11 +165,17 @@ def test_the_draft_catches_up_after_target_only_rounds(
     assert num_checked >= 3
 
 
-def test_target_only_rounds_decode_in_runs_and_stream_token_by_token(engine: SpeculativeEngine) -> None:
-    """At k = 0 a call decodes a run of tokens (orchestrator/pipeline.py), each streamed as it comes."""
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_target_only_rounds_decode_in_runs_and_stream_token_by_token(
+    engine: SpeculativeEngine, monkeypatch: pytest.MonkeyPatch, adaptive: bool
+) -> None:
+    """At k = 0 a call decodes a run of tokens (orchestrator/pipeline.py), each streamed as it comes: runs of
+    target_only_run_tokens under adaptive k (the policy held at 0 here), else one run for the request."""
+    _policy_script(monkeypatch, itertools.repeat(0), first_k=0)
     recorder = Recorder(methods=("Verify",))
     max_tokens, run_tokens = 40, OrchestratorConfig().target_only_run_tokens
-    with LocalStack(draft=None, interceptors={"target": [recorder]}) as stack, SpecServeClient(stack.address) as client:
+    stack = LocalStack(draft="tiny-draft" if adaptive else None, interceptors={"target": [recorder]})
+    with stack, SpecServeClient(stack.address) as client:
         chunks = list(client.stream("def add(a, b):", max_tokens=max_tokens, ignore_eos=True))
     request = GenerationRequest(
         prompt="def add(a, b):", max_tokens=max_tokens, num_speculative_tokens=0, ignore_eos=True
@@ -179,7 +185,7 @@ def test_target_only_rounds_decode_in_runs_and_stream_token_by_token(engine: Spe
     assert chunks[-1].stats.rounds == max_tokens - 1  # a round a token after the prefill's first
     # the first token comes from the prefill, then runs of up to run_tokens
     runs = [len(answer.token_ids) for _, _, answer in recorder.calls]
-    assert runs == [run_tokens, run_tokens, max_tokens - 1 - 2 * run_tokens]
+    assert runs == ([run_tokens, run_tokens, max_tokens - 1 - 2 * run_tokens] if adaptive else [max_tokens - 1])
 
 
 def test_a_raised_k_takes_effect_while_predrafts_hit(monkeypatch: pytest.MonkeyPatch) -> None:

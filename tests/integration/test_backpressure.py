@@ -23,8 +23,9 @@ def _retry_after_ms(error: grpc.RpcError) -> int:
 
 
 def test_requests_past_the_limit_queue_then_are_refused_with_a_retry_hint(engine: SpeculativeEngine) -> None:
-    slow = Delay("Verify", seconds=0.1)  # every target pass: a long request holds its slot for seconds
+    slow = Delay("Verify", seconds=0.1)  # every target call, a token each: a long request holds its slot for seconds
     overrides = {"max_concurrent_requests": 1, "max_queued_requests": 1, "queue_timeout_s": 1.0}
+    overrides["target_only_run_tokens"] = 1
     with (
         LocalStack(draft=None, orchestrator=overrides, interceptors={"target": [slow]}) as stack,
         SpecServeClient(stack.address, timeout_s=60) as client,
