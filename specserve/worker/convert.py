@@ -72,10 +72,6 @@ def proposal_from_proto(
     return Proposal(list(token_ids), sparse, source)
 
 
-def verdict_to_proto(verdict: Verdict) -> pb.VerifyResponse:
-    return pb.VerifyResponse(token_ids=verdict.token_ids, num_accepted=verdict.num_accepted)
-
-
 def verdict_from_proto(message: pb.VerifyResponse) -> Verdict:
     return Verdict(list(message.token_ids), message.num_accepted)
 
