@@ -171,8 +171,10 @@ class _Stream:
     async def _read(self) -> None:
         try:
             while (message := await self.call.read()) is not grpc.aio.EOF:
+                # only VerifyResults carry partial results (a run's tokens ahead of its last result)
+                partials = "partial" in message.DESCRIPTOR.nested_types_by_name["Result"].fields_by_name
                 for result in message.results:
-                    if getattr(result, "partial", False):
+                    if partials and result.partial:
                         self._partial(result)
                         continue
                     future = self.pending.pop(result.call_id, None)

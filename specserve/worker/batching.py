@@ -81,7 +81,8 @@ class BatchQueue(Generic[C, R]):
                 try:
                     (finished, going, calls, seconds), _ = await self.executor.timed(self._passes, batch)
                 except Exception as error:  # noqa: BLE001 - the whole pass failed: every call in it hears why
-                    finished, going, calls, seconds = [(item, error) for item in batch], [], [], 0.0
+                    finished, going, seconds = [(item, error) for item in batch], [], 0.0
+                    calls = [item.call for item in batch]
                 self.executor.observe_pass(seconds)
                 self._last_sessions, self._last_pass_s = {self.session_of(c) for c in calls}, seconds
                 self._waiting[:0] = going  # runs that go on, first in the next batch
